@@ -1,0 +1,1 @@
+"""The spherepde validation suite: published tests and exact solutions, run by `spherepde validate`."""
