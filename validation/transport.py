@@ -75,33 +75,36 @@ def nair_lauritzen_velocity(kind: str):
     non-divergent (k = 2): u = k sin²λ' sin2θ cos(πt/T) + 2π cosθ/T, v = k sin2λ' cosθ cos(πt/T);
     divergent (k = 1): u = −k sin²(λ'/2) sin2θ cos²θ cos(πt/T) + 2π cosθ/T,
                        v = (k/2) sin λ' cos³θ cos(πt/T).
+    Evaluated with Cartesian algebra (cos λ = x/cos θ, …) instead of arctan/arcsin: the
+    velocity is called at every edge point of every stage.
     """
     T = PERIOD
-    if kind == "nondivergent":
-        k = 2.0
-
-        def velocity(t, x):
-            lon, lat = lonlat(x)
-            lp = lon - 2.0 * math.pi * t / T
-            c = math.cos(math.pi * t / T)
-            u = k * np.sin(lp) ** 2 * np.sin(2 * lat) * c + 2.0 * math.pi * np.cos(lat) / T
-            v = k * np.sin(2 * lp) * np.cos(lat) * c
-            return from_east_north(x, u, v)
-
-    elif kind == "divergent":
-        k = 1.0
-
-        def velocity(t, x):
-            lon, lat = lonlat(x)
-            lp = lon - 2.0 * math.pi * t / T
-            c = math.cos(math.pi * t / T)
-            cl = np.cos(lat)
-            u = -k * np.sin(lp / 2) ** 2 * np.sin(2 * lat) * cl**2 * c + 2.0 * math.pi * cl / T
-            v = 0.5 * k * np.sin(lp) * cl**3 * c
-            return from_east_north(x, u, v)
-
-    else:
+    if kind not in ("nondivergent", "divergent"):
         raise ValueError(f"unknown Nair–Lauritzen flow {kind!r}")
+
+    def velocity(t, x):
+        cos_lat = np.maximum(np.hypot(x[:, 0], x[:, 1]), 1e-300)
+        sin_lat = x[:, 2]
+        cos_lon, sin_lon = x[:, 0] / cos_lat, x[:, 1] / cos_lat
+        shift = 2.0 * math.pi * t / T
+        cos_lp = cos_lon * math.cos(shift) + sin_lon * math.sin(shift)  # cos(λ − shift)
+        sin_lp = sin_lon * math.cos(shift) - cos_lon * math.sin(shift)
+        c = math.cos(math.pi * t / T)
+        if kind == "nondivergent":
+            k = 2.0
+            u = k * sin_lp**2 * 2 * sin_lat * cos_lat * c + 2.0 * math.pi * cos_lat / T
+            v = k * 2 * sin_lp * cos_lp * cos_lat * c
+        else:
+            k = 1.0
+            u = (-k * 0.5 * (1.0 - cos_lp) * 2 * sin_lat * cos_lat**3 * c
+                 + 2.0 * math.pi * cos_lat / T)
+            v = 0.5 * k * sin_lp * cos_lat**3 * c
+        out = np.empty_like(x)
+        out[:, 0] = -u * sin_lon - v * sin_lat * cos_lon
+        out[:, 1] = u * cos_lon - v * sin_lat * sin_lon
+        out[:, 2] = v * cos_lat
+        return out
+
     return velocity
 
 
