@@ -2,11 +2,14 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from . import initial
+from .eulerian import EulerianSolver
 from .mesh import HealpixMesh
+from .model import AttentionModel
 
 try:
     __version__ = version("spherepde")
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
 
-__all__ = ["HealpixMesh", "__version__"]
+__all__ = ["HealpixMesh", "AttentionModel", "EulerianSolver", "initial", "__version__"]
