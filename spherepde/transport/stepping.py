@@ -52,7 +52,9 @@ class SSPStepper:
     def step(self, f, t: float, dt_max: float):
         """One step from (t, f), not longer than dt_max. Returns (f_new, dt); f is not modified."""
         op = self.operator
-        un0 = self.edge_flux(t, f)
+        # copy: providers may reuse one buffer, and later stages would overwrite it before a
+        # rejected step is retried from un0
+        un0 = np.array(self.edge_flux(t, f), copy=True)
         rate0 = op.max_outflow_rate(un0)  # also leaves op's per-cell rates for un0 in place
         dt = dt_max if rate0 <= 0.0 else min(dt_max, self.cfl / rate0)
         while True:
