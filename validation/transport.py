@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -294,6 +294,3 @@ def _plot(results, cases, schemes, path):
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
-
-def results_as_dicts(results):
-    return [asdict(r) for r in results]
