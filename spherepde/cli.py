@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-SUITES = ("transport",)
+SUITES = ("transport", "exact")
 
 
 def _power_of_two(text):
@@ -63,6 +63,10 @@ def main(argv=None):
                 from validation import transport
 
                 transport.run_suite(args.out, slow=args.slow, nsides=args.nside)
+            elif suite == "exact":
+                from validation import exact
+
+                exact.run_suite(args.out, slow=args.slow, nsides=args.nside)
             print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 

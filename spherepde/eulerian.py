@@ -77,6 +77,8 @@ class EulerianSolver:
             times[-1] = t_end  # absorb round-off of k·save_every
 
         ell0 = float(f.min())
+        # the stepper counts over its lifetime; report this run's counts
+        steps_before, rejected_before = self.stepper.steps, self.stepper.rejected
         state = {"t": 0.0, "sup_div": self.sup_divergence(f), "integral": 0.0}
         state["max_sup_div"] = state["sup_div"]
 
@@ -106,7 +108,7 @@ class EulerianSolver:
                 "sup_div": state["sup_div"],
                 "integrated_sup_div": state["integral"],
                 "lower_bound_aposteriori": ell0 * math.exp(-state["integral"]),
-                "steps": self.stepper.steps,
+                "steps": self.stepper.steps - steps_before,
             }
             records.append(rec)
             densities.append(f.copy())
@@ -115,9 +117,10 @@ class EulerianSolver:
         if bar is not None:
             bar.close()
         c0 = state["max_sup_div"] if C0 is None else float(C0)
-        return self._dataset(records, densities, ell0, c0, C0 is None)
+        return self._dataset(records, densities, ell0, c0, C0 is None,
+                             self.stepper.rejected - rejected_before)
 
-    def _dataset(self, records, densities, ell0, c0, c0_default):
+    def _dataset(self, records, densities, ell0, c0, c0_default, rejected):
         mesh = self.mesh
         time = np.array([r["time"] for r in records])
         data = {
@@ -143,6 +146,6 @@ class EulerianSolver:
             "nside": mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
             "beta": self.model.beta, "ell0": ell0, "C0": c0,
             "C0_source": "largest sup div v seen in the run" if c0_default else "user",
-            "rejected_steps": self.stepper.rejected,
+            "rejected_steps": rejected,
         })
         return ds

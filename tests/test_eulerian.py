@@ -103,3 +103,16 @@ def test_bad_run_arguments(mesh_factory):
         solver.run(f0, 1.0, 2.0)
     with pytest.raises(ValueError, match="f0"):
         solver.run(f0[:-1], 1.0, 0.5)
+
+
+def test_step_counts_are_per_run(mesh_factory):
+    """A solver reused for a second run reports that run's steps, identical to the first."""
+    m = mesh_factory(4)
+    solver = EulerianSolver(m, AttentionModel(PAPER_B, PAPER_V, 5.0))
+    f0 = VonMisesFisher([0, 0, 1], 2.0).cell_averages(m)
+    first = solver.run(f0, 0.5, 0.25)
+    second = solver.run(f0, 0.5, 0.25)
+    assert first.steps.values[0] == second.steps.values[0] == 0
+    np.testing.assert_array_equal(first.steps.values, second.steps.values)
+    assert first.steps.values[-1] > 0
+    np.testing.assert_array_equal(first.density.values, second.density.values)
