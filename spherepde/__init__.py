@@ -4,6 +4,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import initial
 from .eulerian import EulerianSolver
+from .io import open_run
 from .mesh import HealpixMesh
 from .model import AttentionModel
 
@@ -12,4 +13,4 @@ try:
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
 
-__all__ = ["HealpixMesh", "AttentionModel", "EulerianSolver", "initial", "__version__"]
+__all__ = ["HealpixMesh", "AttentionModel", "EulerianSolver", "initial", "open_run", "__version__"]

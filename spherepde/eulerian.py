@@ -79,6 +79,7 @@ class EulerianSolver:
         ell0 = float(f.min())
         # the stepper counts over its lifetime; report this run's counts
         steps_before, rejected_before = self.stepper.steps, self.stepper.rejected
+        self.stepper.safety = 1.0  # every run starts alike (the step-size controller has state)
         state = {"t": 0.0, "sup_div": self.sup_divergence(f), "integral": 0.0}
         state["max_sup_div"] = state["sup_div"]
 

@@ -156,10 +156,19 @@ class HealpixMesh:
         Equal area of the HEALPix projection: the uniform (u, v) measure is the surface measure,
         so the cell average of g is Σ_k weights[k] g(points[:, k]).
         """
-        a, b, w = _pixel_rule(order)
         cells = self.cell_ids if cells is None else np.asarray(cells)
-        u = (self._ix[cells, None] + a[None, :]) / self.nside
-        v = (self._iy[cells, None] + b[None, :]) / self.nside
+        return self.square_quadrature(cells, 0.0, 0.0, 1.0, order)
+
+    def square_quadrature(self, cells, a0, b0, size, order: int = 3):
+        """The exact-area rule on sub-squares [a0, a0 + size] × [b0, b0 + size] of cells, in pixel
+        coordinates (the cell is [0, 1]²). Points (n, m, 3); weights (m,) are fractions of the
+        sub-square (sum 1), whose area is size² × the cell area. For adaptive integration."""
+        a, b, w = _pixel_rule(order)
+        cells = np.asarray(cells)
+        a0 = np.broadcast_to(np.asarray(a0, dtype=float), cells.shape)[:, None]
+        b0 = np.broadcast_to(np.asarray(b0, dtype=float), cells.shape)[:, None]
+        u = (self._ix[cells, None] + a0 + size * a[None, :]) / self.nside
+        v = (self._iy[cells, None] + b0 + size * b[None, :]) / self.nside
         return face_to_sphere(self._face[cells, None], u, v), w
 
     def cell_average(self, func, order: int = 4, chunk: int = 65536):

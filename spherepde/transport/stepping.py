@@ -25,8 +25,13 @@ class SSPStepper:
 
     operator: a FluxDivergence; edge_flux(t, f) → un (nedges, nq), the velocity's edge fluxes at
     time t for state f (the state enters for nonlocal velocities). dt = cfl / max_c outflow_c at
-    the start of the step. A later stage whose Courant number exceeds max(cfl, positivity bound)
-    rejects the step, which is retried with a smaller dt.
+    the start of the step, times a safety factor ≤ 1. A later stage whose Courant number
+    exceeds max(cfl, positivity bound) rejects the step, which is retried with a smaller dt.
+
+    In a concentrating nonlocal flow the outflow rate grows during the step, so with cfl at the
+    positivity bound nearly every step would be rejected. The safety factor is a proportional
+    controller that aims the largest stage Courant number at 95 % of the stage limit: it shrinks
+    after a rejection or a step close to the limit and recovers (≤ 5 % per step, at most 1).
     """
 
     def __init__(self, operator, edge_flux, order: int = 2, cfl: float = 0.5,
@@ -48,6 +53,7 @@ class SSPStepper:
         self.steps = 0
         self.rejected = 0
         self.max_courant = 0.0
+        self.safety = 1.0
 
     def step(self, f, t: float, dt_max: float):
         """One step from (t, f), not longer than dt_max. Returns (f_new, dt); f is not modified."""
@@ -56,15 +62,20 @@ class SSPStepper:
         # rejected step is retried from un0
         un0 = np.array(self.edge_flux(t, f), copy=True)
         rate0 = op.max_outflow_rate(un0)  # also leaves op's per-cell rates for un0 in place
-        dt = dt_max if rate0 <= 0.0 else min(dt_max, self.cfl / rate0)
+        dt = dt_max if rate0 <= 0.0 else min(dt_max, self.safety * self.cfl / rate0)
         while True:
             if dt < self.dt_floor:
                 raise FloatingPointError(f"time step collapsed to {dt:.3e} at t = {t:.6g}")
             new, stage_rate = self._attempt(f, t, dt, un0)
             if new is not None:
                 self.steps += 1
+                if self._step_courant > 0 and dt * rate0 >= 0.5 * self.safety * self.cfl:
+                    # only steps sized by the Courant number (not cut by dt_max) steer the factor
+                    factor = 0.95 * self.stage_limit / self._step_courant
+                    self.safety = min(1.0, self.safety * min(1.05, max(0.7, factor)))
                 return new, dt
             self.rejected += 1
+            self.safety = max(0.1, 0.9 * self.safety * self.stage_limit / (dt * stage_rate))
             dt = 0.9 * self.stage_limit / stage_rate
             op.flow_rates(un0)  # the first stage reuses un0's rates
 
@@ -95,6 +106,7 @@ class SSPStepper:
                 stage += a * f
             prev = stage
         self.max_courant = max(self.max_courant, courant)
+        self._step_courant = courant
         return prev, None
 
     def advance(self, f, t0: float, t1: float, callback=None):

@@ -1,0 +1,277 @@
+"""Run configuration: TOML files, `--set` overrides, validation with one-line errors.
+
+A config has the sections
+
+    [model]        beta (number or "inf"), B, V (3×3 nested lists)
+    [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
+                   a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
+    [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3)
+    [time]         t_end > 0, save_every in (0, t_end]
+    [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
+                   w2_nside (HEALPix level of the discrete OT when dim E > 1)
+    [output]       path of the NetCDF file
+
+Every problem raises ConfigError with a message that names the key, e.g.
+"[model] beta: must be a positive number or "inf", got -1". `resolve` fills in defaults and returns
+plain Python data (JSON-serialisable), which is what the output file records.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from pathlib import Path
+
+__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; str(error) names the offending key."""
+
+
+DEFAULTS = {
+    "model": {"beta": None, "B": None, "V": None},
+    "initial": {"kind": "uniform"},
+    "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2},
+    "time": {"t_end": None, "save_every": None},
+    "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
+    "output": {"path": None},
+}
+
+INITIAL_KEYS = {
+    "uniform": set(),
+    "vmf": {"mu", "kappa"},
+    "mixture": {"weights", "components"},
+    "projected_normal": {"mean", "cov"},
+}
+
+BETA_RANGE = (1e-3, 1e6)
+
+REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
+
+
+def load(path) -> dict:
+    """Parse a TOML file into a dict; malformed TOML or a missing file raise ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML ({exc})") from None
+
+
+def parse_override(text: str):
+    """`section.key=value` → (section, key, value); value in TOML syntax, else a bare string."""
+    name, sep, raw = text.partition("=")
+    parts = name.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {text}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return parts[0], parts[1], value
+
+
+def apply_overrides(config: dict, overrides) -> dict:
+    config = copy.deepcopy(config)
+    for text in overrides or ():
+        section, key, value = parse_override(text)
+        target = config.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"--set {text}: [{section}] is not a section")
+        target[key] = value
+    return config
+
+
+# ------------------------------------------------------------------ checks
+def _number(section, key, value, *, positive=False, allow_inf=False, low=None, high=None):
+    where = f"[{section}] {key}"
+    if allow_inf and isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        expect = 'a number or "inf"' if allow_inf else "a number"
+        raise ConfigError(f"{where}: must be {expect}, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
+        raise ConfigError(f"{where}: must be finite{' or +inf' if allow_inf else ''}, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}: must be > 0, got {value:g}")
+    if low is not None and value < low:
+        raise ConfigError(f"{where}: must be >= {low:g}, got {value:g}")
+    if high is not None and value > high:
+        raise ConfigError(f"{where}: must be <= {high:g}, got {value:g}")
+    return value
+
+
+def _vector(section, key, value, length=3):
+    where = f"[{section}] {key}"
+    if not isinstance(value, list) or len(value) != length:
+        raise ConfigError(f"{where}: must be a list of {length} numbers, got {value!r}")
+    return [_number(section, f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _matrix(section, key, value):
+    where = f"[{section}] {key}"
+    if (not isinstance(value, list) or len(value) != 3
+            or not all(isinstance(row, list) and len(row) == 3 for row in value)):
+        shape = _shape(value)
+        raise ConfigError(f"{where}: must be a 3×3 matrix (three rows of three numbers), got shape {shape}")
+    return [[_number(section, f"{key}[{i}][{j}]", v) for j, v in enumerate(row)] for i, row in enumerate(value)]
+
+
+def _shape(value):
+    if not isinstance(value, list):
+        return type(value).__name__
+    inner = {len(r) if isinstance(r, list) else None for r in value}
+    return f"({len(value)}, {inner.pop()})" if len(inner) == 1 and None not in inner else f"({len(value)}, ragged)"
+
+
+def _check_keys(section, table, allowed):
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"[{section}] {key}: unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})")
+
+
+def resolve(raw: dict) -> dict:
+    """Validate a parsed config and fill in defaults. Raises ConfigError naming the first bad key."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config: must be a TOML document of sections")
+    for section, table in raw.items():
+        if section == "particles":
+            raise ConfigError("[particles]: the particle solver is not available in this version")
+        if section not in DEFAULTS:
+            raise ConfigError(f"[{section}]: unknown section (allowed: {', '.join(DEFAULTS)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}]: must be a table of keys, got {table!r}")
+    cfg = {s: dict(d) for s, d in DEFAULTS.items()}
+    for section, table in raw.items():
+        if section != "initial":
+            _check_keys(section, table, DEFAULTS[section])
+        cfg[section].update(table)
+    for section, key in REQUIRED:
+        if cfg[section][key] is None:
+            raise ConfigError(f"[{section}] {key}: required")
+
+    model = cfg["model"]
+    model["beta"] = _number("model", "beta", model["beta"], positive=True, allow_inf=True)
+    if not math.isinf(model["beta"]) and not (BETA_RANGE[0] <= model["beta"] <= BETA_RANGE[1]):
+        raise ConfigError(f'[model] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
+                          f"(the validated range of the attention sum), got {model['beta']:g}")
+    model["B"] = _matrix("model", "B", model["B"])
+    model["V"] = _matrix("model", "V", model["V"])
+    if math.isinf(model["beta"]):
+        import numpy as np
+
+        if np.linalg.matrix_rank(np.array(model["B"])) < 3:
+            raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+        model["beta"] = "inf"  # JSON has no infinity
+
+    cfg["initial"] = _resolve_initial(cfg["initial"])
+
+    eul = cfg["eulerian"]
+    nside = eul["nside"]
+    if isinstance(nside, bool) or not isinstance(nside, int) or nside < 1 or nside & (nside - 1):
+        raise ConfigError(f"[eulerian] nside: must be a positive power of two, got {nside!r}")
+    if nside > 1024:
+        raise ConfigError(f"[eulerian] nside: at most 1024 is supported, got {nside}")
+    if eul["scheme"] not in ("muscl", "upwind"):
+        raise ConfigError(f'[eulerian] scheme: must be "muscl" or "upwind", got {eul["scheme"]!r}')
+    eul["cfl"] = _number("eulerian", "cfl", eul["cfl"], positive=True, high=1.0)
+    if eul["rk_order"] not in (2, 3) or isinstance(eul["rk_order"], bool):
+        raise ConfigError(f"[eulerian] rk_order: must be 2 or 3, got {eul['rk_order']!r}")
+
+    tm = cfg["time"]
+    tm["t_end"] = _number("time", "t_end", tm["t_end"], positive=True)
+    tm["save_every"] = _number("time", "save_every", tm["save_every"], positive=True)
+    if tm["save_every"] > tm["t_end"]:
+        raise ConfigError(f"[time] save_every: must be <= t_end = {tm['t_end']:g}, got {tm['save_every']:g}")
+    if tm["t_end"] / tm["save_every"] > 100_000:
+        raise ConfigError(f"[time] save_every: more than 100000 snapshots ({tm['t_end']:g}/{tm['save_every']:g})")
+
+    dg = cfg["diagnostics"]
+    dg["p"] = _number("diagnostics", "p", dg["p"], positive=True, high=1.0)
+    for key in ("C0", "C1"):
+        if dg[key] is not None:
+            dg[key] = _number("diagnostics", key, dg[key])
+    w2 = dg["w2_nside"]
+    if isinstance(w2, bool) or not isinstance(w2, int) or w2 < 1 or w2 & (w2 - 1) or w2 > 32:
+        raise ConfigError(f"[diagnostics] w2_nside: must be a power of two <= 32, got {w2!r}")
+
+    out = cfg["output"]
+    if out["path"] is not None and (not isinstance(out["path"], str) or not out["path"].strip()):
+        raise ConfigError(f"[output] path: must be a non-empty string, got {out['path']!r}")
+    return cfg
+
+
+def _resolve_initial(table):
+    kind = table.get("kind", "uniform")
+    if kind not in INITIAL_KEYS:
+        raise ConfigError(f"[initial] kind: unknown initial law {kind!r} (allowed: {', '.join(INITIAL_KEYS)})")
+    _check_keys("initial", table, INITIAL_KEYS[kind] | {"kind"})
+    out = {"kind": kind}
+    if kind == "vmf":
+        out.update(_vmf("initial", table))
+    elif kind == "mixture":
+        comps = table.get("components")
+        if not isinstance(comps, list) or not comps or not all(isinstance(c, dict) for c in comps):
+            raise ConfigError("[initial] components: must be a non-empty list of {mu, kappa} tables")
+        out["components"] = []
+        for i, comp in enumerate(comps):
+            _check_keys(f"initial.components[{i}]", comp, {"mu", "kappa"})
+            out["components"].append(_vmf(f"initial.components[{i}]", comp))
+        weights = table.get("weights", [1.0] * len(comps))
+        if not isinstance(weights, list) or len(weights) != len(comps):
+            raise ConfigError(f"[initial] weights: must be a list of {len(comps)} numbers, got {weights!r}")
+        out["weights"] = [_number("initial", f"weights[{i}]", w, low=0.0) for i, w in enumerate(weights)]
+        if sum(out["weights"]) <= 0:
+            raise ConfigError("[initial] weights: must not all be zero")
+    elif kind == "projected_normal":
+        out["mean"] = _vector("initial", "mean", table.get("mean", [0.0, 0.0, 0.0]))
+        out["cov"] = _matrix("initial", "cov", table.get("cov", [[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]))
+        import numpy as np
+
+        cov = np.array(out["cov"])
+        if not np.allclose(cov, cov.T):
+            raise ConfigError("[initial] cov: must be symmetric")
+        if np.linalg.eigvalsh(cov).min() <= 0:
+            raise ConfigError("[initial] cov: must be positive definite")
+    return out
+
+
+def _vmf(section, table):
+    for key in ("mu", "kappa"):
+        if key not in table:
+            raise ConfigError(f"[{section}] {key}: required for a von Mises–Fisher law")
+    mu = _vector(section, "mu", table["mu"])
+    if math.hypot(*mu) == 0:
+        raise ConfigError(f"[{section}] mu: must be a non-zero vector")
+    return {"mu": mu, "kappa": _number(section, "kappa", table["kappa"], low=0.0, high=1e6)}
+
+
+def build_initial_law(spec: dict):
+    """The spherepde.initial law described by a resolved [initial] section."""
+    from . import initial
+
+    kind = spec["kind"]
+    if kind == "uniform":
+        return initial.Uniform()
+    if kind == "vmf":
+        return initial.VonMisesFisher(spec["mu"], spec["kappa"])
+    if kind == "mixture":
+        return initial.Mixture(spec["weights"],
+                               [initial.VonMisesFisher(c["mu"], c["kappa"]) for c in spec["components"]])
+    return initial.ProjectedNormal(spec["mean"], spec["cov"])
+
+
+def build_model(spec: dict):
+    from .model import AttentionModel
+
+    beta = math.inf if spec["beta"] == "inf" else spec["beta"]
+    return AttentionModel(spec["B"], spec["V"], beta)

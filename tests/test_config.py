@@ -1,0 +1,135 @@
+"""`spherepde run` config handling: every bad input gives one line naming the key, exit
+status 2, and no output file."""
+
+import subprocess
+import sys
+
+import pytest
+
+from spherepde.cli import main
+from spherepde.config import ConfigError, apply_overrides, load, parse_override, resolve
+
+GOOD = """
+[model]
+beta = 10.0
+V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
+B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
+
+[initial]
+kind = "vmf"
+mu = [0.0, 0.0, 1.0]
+kappa = 2.0
+
+[eulerian]
+nside = 4
+
+[time]
+t_end = 0.2
+save_every = 0.1
+"""
+
+# (name, transformation of the GOOD text, words the error line must contain)
+BAD = [
+    ("unknown section", lambda t: t + "\n[solver]\nx = 1\n", ["[solver]", "unknown section"]),
+    ("unknown key", lambda t: t.replace("nside = 4", "nside = 4\nresolution = 3"), ["[eulerian] resolution", "unknown key"]),
+    ("matrix shape", lambda t: t.replace("V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]", "V = [[1.0, 0.0], [0.0, 1.0]]"), ["[model] V", "3×3"]),
+    ("non-finite entry", lambda t: t.replace("[0.0, 1.0, 0.0], [0.0, 0.0, -2.0]", "[0.0, nan, 0.0], [0.0, 0.0, -2.0]"), ["[model] V[1][1]", "finite"]),
+    ("infinite entry", lambda t: t.replace("[0.0, 0.0, 1.0]]", "[0.0, 0.0, inf]]"), ["[model] B[2][2]", "finite"]),
+    ("beta zero", lambda t: t.replace("beta = 10.0", "beta = 0"), ["[model] beta", "> 0"]),
+    ("beta negative", lambda t: t.replace("beta = 10.0", "beta = -1.0"), ["[model] beta", "> 0"]),
+    ("beta text", lambda t: t.replace("beta = 10.0", 'beta = "hot"'), ["[model] beta"]),
+    ("nside not power of two", lambda t: t.replace("nside = 4", "nside = 12"), ["[eulerian] nside", "power of two"]),
+    ("t_end zero", lambda t: t.replace("t_end = 0.2", "t_end = 0.0"), ["[time] t_end", "> 0"]),
+    ("t_end negative", lambda t: t.replace("t_end = 0.2", "t_end = -1.0"), ["[time] t_end", "> 0"]),
+    ("save_every > t_end", lambda t: t.replace("save_every = 0.1", "save_every = 0.5"), ["[time] save_every", "t_end"]),
+    ("unknown initial law", lambda t: t.replace('kind = "vmf"', 'kind = "gaussian"'), ["[initial] kind", "gaussian"]),
+    ("vmf missing kappa", lambda t: t.replace("kappa = 2.0", ""), ["[initial] kappa", "required"]),
+    ("missing beta", lambda t: t.replace("beta = 10.0", ""), ["[model] beta", "required"]),
+    ("malformed TOML", lambda t: t.replace("[time]", "[time"), ["malformed TOML"]),
+    ("bad scheme", lambda t: t.replace("nside = 4", 'nside = 4\nscheme = "weno"'), ["[eulerian] scheme"]),
+    ("particles not yet", lambda t: t + "\n[particles]\nn = 10\n", ["[particles]"]),
+]
+
+
+def run_main(capsys, args):
+    status = main(args)
+    err = capsys.readouterr().err
+    return status, err
+
+
+@pytest.mark.parametrize("name,edit,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_config_one_line_exit_2_no_output(tmp_path, capsys, name, edit, words):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(edit(GOOD))
+    out = tmp_path / "out" / "run.nc"
+    status, err = run_main(capsys, ["run", str(cfg), "-o", str(out)])
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert not out.exists()
+
+
+def test_unwritable_output_path(tmp_path, capsys):
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    status, err = run_main(capsys, ["run", str(cfg), "-o", str(blocker / "sub" / "run.nc")])
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "-o" in err and "not writable" in err
+
+
+def test_existing_output_needs_overwrite(tmp_path, capsys):
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    out = tmp_path / "run.nc"
+    out.write_text("precious")
+    status, err = run_main(capsys, ["run", str(cfg), "-o", str(out)])
+    assert status == 2 and "--overwrite" in err
+    assert out.read_text() == "precious"
+
+
+def test_missing_config_file(tmp_path, capsys):
+    status, err = run_main(capsys, ["run", str(tmp_path / "nope.toml")])
+    assert status == 2 and "cannot read" in err
+
+
+def test_bad_override(tmp_path, capsys):
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    status, err = run_main(capsys, ["run", str(cfg), "--set", "beta=3", "--check"])
+    assert status == 2 and "section.key=value" in err
+    status, err = run_main(capsys, ["run", str(cfg), "--set", "model.beta=-3", "--check"])
+    assert status == 2 and "[model] beta" in err
+
+
+def test_no_traceback_from_subprocess(tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(GOOD.replace("nside = 4", "nside = 3"))
+    r = subprocess.run([sys.executable, "-m", "spherepde.cli", "run", str(cfg)], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "[eulerian] nside" in r.stderr
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_resolve_defaults_and_overrides(tmp_path):
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    raw = apply_overrides(load(cfg), ["model.beta=inf", "eulerian.scheme=upwind", "time.t_end=1"])
+    r = resolve(raw)
+    assert r["model"]["beta"] == "inf" and r["eulerian"]["scheme"] == "upwind"
+    assert r["eulerian"]["cfl"] == 0.5 and r["diagnostics"]["p"] == 0.25
+    assert r["time"]["t_end"] == 1.0
+    assert parse_override("initial.kind=vmf") == ("initial", "kind", "vmf")
+    with pytest.raises(ConfigError, match=r"\[model\] B"):
+        resolve(apply_overrides(load(cfg), ["model.beta=inf", "model.B=[[1,0,0],[0,1,0],[0,0,0]]"]))
+
+
+def test_example_configs_resolve():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).parents[1] / "solvers").glob("*.toml"))
+    assert any(p.name == "quickstart.toml" for p in configs)
+    for p in configs:
+        resolve(load(p))
