@@ -18,7 +18,18 @@ import xarray as xr
 from .attention import AttentionField
 from .transport import FluxDivergence, SSPStepper, kernels
 
-__all__ = ["EulerianSolver"]
+__all__ = ["EulerianSolver", "SNAPSHOT_META"]
+
+# per-snapshot records of a run: name → (long_name, units)
+SNAPSHOT_META = {
+    "mass": ("total mass ∫f dA", "1"),
+    "min_density": ("min over cells of f_t", "sr-1"),
+    "max_density": ("max over cells of f_t", "sr-1"),
+    "sup_div": ("sup over cell centroids of div_S v", "1"),
+    "integrated_sup_div": ("∫_0^t sup_x div_S v ds (trapezoidal over steps)", "1"),
+    "lower_bound_aposteriori": ("ℓ₀ exp(−∫_0^t sup div_S v ds): a-posteriori density lower bound", "sr-1"),
+    "steps": ("time steps taken since t = 0", "1"),
+}
 
 
 class EulerianSolver:
@@ -128,16 +139,7 @@ class EulerianSolver:
             "density": (("time", "cells"), np.array(densities),
                         {"long_name": "density f_t w.r.t. surface measure (cell average)", "units": "sr-1"}),
         }
-        meta = {
-            "mass": ("total mass ∫f dA", "1"),
-            "min_density": ("min over cells of f_t", "sr-1"),
-            "max_density": ("max over cells of f_t", "sr-1"),
-            "sup_div": ("sup over cell centroids of div_S v", "1"),
-            "integrated_sup_div": ("∫_0^t sup_x div_S v ds (trapezoidal over steps)", "1"),
-            "lower_bound_aposteriori": ("ℓ₀ exp(−∫_0^t sup div_S v ds)", "sr-1"),
-            "steps": ("time steps taken since t = 0", "1"),
-        }
-        for name, (long_name, units) in meta.items():
+        for name, (long_name, units) in SNAPSHOT_META.items():
             data[name] = ("time", np.array([r[name] for r in records]), {"long_name": long_name, "units": units})
         data["lower_bound_paper"] = ("time", 0.5 * ell0 * np.exp(-c0 * time),
                                      {"long_name": "½ ℓ₀ exp(−C₀ t)", "units": "sr-1"})

@@ -7,19 +7,10 @@ import sys
 import pytest
 
 from spherepde.cli import main
+from run_configs import PAPER_VMF_CONFIG
 from spherepde.config import ConfigError, apply_overrides, load, parse_override, resolve
 
-GOOD = """
-[model]
-beta = 10.0
-V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
-B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
-
-[initial]
-kind = "vmf"
-mu = [0.0, 0.0, 1.0]
-kappa = 2.0
-
+GOOD = PAPER_VMF_CONFIG.replace("mu = [0.6, 0.0, 0.8]\nkappa = 3.0", "mu = [0.0, 0.0, 1.0]\nkappa = 2.0") + """
 [eulerian]
 nside = 4
 

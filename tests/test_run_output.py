@@ -20,18 +20,9 @@ from spherepde.config import build_initial_law, build_model, load, resolve
 from spherepde.eulerian import EulerianSolver
 from spherepde.io import open_run
 from spherepde.mesh import HealpixMesh
+from run_configs import PAPER_VMF_CONFIG
 
-CONFIG = """
-[model]
-beta = 10.0
-V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
-B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
-
-[initial]
-kind = "vmf"
-mu = [0.6, 0.0, 0.8]
-kappa = 3.0
-
+CONFIG = PAPER_VMF_CONFIG + """
 [eulerian]
 nside = {nside}
 
@@ -141,8 +132,9 @@ def test_killed_run_keeps_every_snapshot(tmp_path):
         time.sleep(rng.uniform(0.0, 0.05))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        rest = proc.stderr.read()
         proc.stderr.close()
-        assert written == target, "the run ended before it could be killed"
+        assert written == target, f"the run ended before it could be killed: {rest[-2000:]}"
         ds = open_run(out)
         k = ds.sizes["time"]
         assert target <= k < reference.sizes["time"] and ds.attrs["complete"] == 0
