@@ -16,6 +16,7 @@ import numpy as np
 import xarray as xr
 
 from .attention import AttentionField
+from .timeline import save_times
 from .transport import FluxDivergence, SSPStepper, kernels
 
 __all__ = ["EulerianSolver", "SNAPSHOT_META"]
@@ -76,16 +77,7 @@ class EulerianSolver:
         mesh = self.mesh
         if f.shape != (mesh.npix,):
             raise ValueError(f"f0 must have shape ({mesh.npix},), got {f.shape}")
-        if not (math.isfinite(t_end) and t_end > 0):
-            raise ValueError(f"t_end must be a positive number, got {t_end!r}")
-        if not (math.isfinite(save_every) and 0 < save_every <= t_end):
-            raise ValueError(f"save_every must be in (0, t_end], got {save_every!r}")
-        n_intervals = int(math.floor(t_end / save_every + 1e-9))
-        times = [k * save_every for k in range(n_intervals + 1)]
-        if t_end - times[-1] > 1e-9 * t_end:
-            times.append(t_end)
-        else:
-            times[-1] = t_end  # absorb round-off of k·save_every
+        times = save_times(t_end, save_every)
 
         ell0 = float(f.min())
         # the stepper counts over its lifetime; report this run's counts

@@ -54,3 +54,12 @@ def flux_divergence(flux, edge_cells, inv_area, ncell):
     np.add.at(out, edge_cells[:, 0], -flux)
     np.add.at(out, edge_cells[:, 1], flux)
     return out * inv_area
+
+
+def hardmax_field(targets, B, sources, weights, V):
+    """β = ∞ token rule: m(x) = y_j*, j* = argmax over positive-weight sources of ⟨Bᵀx, y_j⟩."""
+    scores = (targets @ B) @ sources.T  # ⟨Bᵀx, y⟩ = xᵀBy
+    scores[:, np.asarray(weights) <= 0] = -np.inf
+    m = sources[np.argmax(scores, axis=1)]
+    u = m @ V.T
+    return u - np.sum(u * targets, axis=1, keepdims=True) * targets

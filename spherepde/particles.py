@@ -1,0 +1,197 @@
+"""Lagrangian particle solver: weighted points moving in the attention field of the points.
+
+For particles x_i with weights w_i (a measure ρ = Σ w_i δ_{x_i}) the velocity is the attention
+field of ρ itself, v(x_i) = P_x(V m_β(x_i)), computed by spherepde.attention.attention_field
+(the same summation as the Eulerian solver, sources = targets = the particles). Two uses:
+
+- tokens: n points sampled i.i.d. from ρ₀ with weights 1/n, as in the paper's experiments. At
+  β = ∞ the softmax becomes the hardmax over tokens: m(x_i) = x_j*, j* = argmax_j ⟨Bᵀx_i, x_j⟩.
+- quadrature particles: one per HEALPix cell with weight f₀·A, each carrying its log-density
+  along its characteristic, d/dt log f = −div_S v (DESIGN.md §2): the exact pointwise density
+  along trajectories, up to time stepping and the quadrature of the sum. At β = ∞ they move in
+  the local mean-field limit P_x(Mx)/|Bᵀx| (full-support density).
+
+Time steppers (fixed dt, shortened to land on every save time):
+- "euler": the paper's scheme x ← (x + Δt v)/|x + Δt v|, log f ← log f − Δt div v;
+- "rk4": classical Runge–Kutta on (x, log f), stages evaluated at normalised points, the update
+  normalised (a projection method: fourth order on the sphere).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import xarray as xr
+from numba import njit, prange
+
+from .attention import attention_field, zero_temperature_field
+from .timeline import save_times
+
+__all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES"]
+
+SCHEMES = ("euler", "rk4")
+
+
+@njit(cache=True, parallel=True)
+def hardmax_field(targets, BT, sources, weights, V, velocity):
+    """β = ∞ token rule: m(x) = y_j*, j* = argmax_{j: w_j > 0} ⟨Bᵀx, y_j⟩ (first index on ties),
+    v = P_x(V m). targets (T, 3), BT = Bᵀ, sources (N, 3), weights (N,); writes velocity (T, 3)."""
+    for i in prange(targets.shape[0]):
+        x0 = targets[i, 0]
+        x1 = targets[i, 1]
+        x2 = targets[i, 2]
+        a0 = BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2
+        a1 = BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2
+        a2 = BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2
+        best = -np.inf
+        arg = 0
+        for j in range(sources.shape[0]):
+            if weights[j] > 0.0:
+                s = a0 * sources[j, 0] + a1 * sources[j, 1] + a2 * sources[j, 2]
+                if s > best:
+                    best = s
+                    arg = j
+        m0 = sources[arg, 0]
+        m1 = sources[arg, 1]
+        m2 = sources[arg, 2]
+        u0 = V[0, 0] * m0 + V[0, 1] * m1 + V[0, 2] * m2
+        u1 = V[1, 0] * m0 + V[1, 1] * m1 + V[1, 2] * m2
+        u2 = V[2, 0] * m0 + V[2, 1] * m1 + V[2, 2] * m2
+        xu = x0 * u0 + x1 * u1 + x2 * u2
+        velocity[i, 0] = u0 - xu * x0
+        velocity[i, 1] = u1 - xu * x1
+        velocity[i, 2] = u2 - xu * x2
+
+
+def _normalise(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def tokens_from_law(law, n, seed=None):
+    """n tokens sampled i.i.d. from an initial law, weights 1/n."""
+    if not (isinstance(n, (int, np.integer)) and n >= 1):
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    x = law.sample(int(n), np.random.default_rng(seed))
+    return x, np.full(int(n), 1.0 / n)
+
+
+def quadrature_particles(mesh, law):
+    """One particle per cell at its centroid: weight = cell mass f̄₀·A (cell average, so the total
+    is exactly 1) and log-density log f₀(centroid) (the point value the particle carries)."""
+    f_bar = law.cell_averages(mesh)
+    with np.errstate(divide="ignore"):
+        log_f = np.log(law.density(mesh.centroids))
+    return mesh.centroids.copy(), f_bar * mesh.area, log_f
+
+
+class ParticleSolver:
+    """Move weighted particles in their own attention field.
+
+    scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f along the paths
+    (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞ use the token
+    hardmax rule (True) or the local mean-field limit (False, required with carry_density).
+    """
+
+    def __init__(self, model, scheme: str = "rk4", dt: float = 0.01, carry_density: bool = False,
+                 hardmax: bool | None = None):
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        if not (math.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt must be a positive number, got {dt!r}")
+        self.model = model
+        self.scheme = scheme
+        self.dt = float(dt)
+        self.carry_density = bool(carry_density)
+        if hardmax is None:
+            hardmax = model.zero_temperature and not carry_density
+        if hardmax and carry_density:
+            raise ValueError("hardmax tokens have no divergence: carry_density needs the mean-field limit")
+        self.hardmax = bool(hardmax) and model.zero_temperature
+        self.evaluations = 0
+
+    # ------------------------------------------------------------------ the field
+    def field(self, x, weights):
+        """(v (n, 3), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}."""
+        self.evaluations += 1
+        m = self.model
+        n = x.shape[0]
+        if self.hardmax:
+            v = np.empty((n, 3))
+            hardmax_field(x, np.ascontiguousarray(m.B.T), x, weights, m.V, v)
+            return v, None
+        if m.zero_temperature:
+            v, div = np.empty((n, 3)), np.empty(n)
+            zero_temperature_field(x, m.B, m.M, self.carry_density, v, div)
+            return v, (div if self.carry_density else None)
+        v, div, _ = attention_field(m, x, weights, x, want_div=self.carry_density)
+        return v, div
+
+    # ------------------------------------------------------------------ steps
+    def step(self, x, log_f, weights, dt):
+        """One step of size dt; returns (x, log_f) (log_f None when not carried)."""
+        if self.scheme == "euler":
+            v, div = self.field(x, weights)
+            x_new = _normalise(x + dt * v)
+            return x_new, (None if log_f is None else log_f - dt * div)
+        k_x, k_f = [], []
+        stage_x, stage_f = x, log_f
+        for c in (0.0, 0.5, 0.5, 1.0):
+            if c > 0:
+                stage_x = _normalise(x + c * dt * k_x[-1])
+                stage_f = None if log_f is None else log_f - c * dt * k_f[-1]
+            v, div = self.field(stage_x, weights)
+            k_x.append(v)
+            k_f.append(div)
+        x_new = _normalise(x + dt / 6 * (k_x[0] + 2 * k_x[1] + 2 * k_x[2] + k_x[3]))
+        if log_f is None:
+            return x_new, None
+        return x_new, log_f - dt / 6 * (k_f[0] + 2 * k_f[1] + 2 * k_f[2] + k_f[3])
+
+    def snapshots(self, x0, weights, times, log_f0=None):
+        """Yield (k, t, x, log_f) at each of the increasing times (times[0] is the start)."""
+        x = _normalise(np.array(x0, dtype=float))
+        w = np.asarray(weights, dtype=float)
+        if x.ndim != 2 or x.shape[1] != 3 or w.shape != (x.shape[0],):
+            raise ValueError("positions must be (n, 3) and weights (n,)")
+        if not (np.all(np.isfinite(x)) and np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
+            raise ValueError("positions and weights must be finite, weights >= 0 and not all zero")
+        if self.carry_density and log_f0 is None:
+            raise ValueError("carry_density needs the initial log-density log_f0")
+        log_f = None if not self.carry_density else np.array(log_f0, dtype=float)
+        yield 0, float(times[0]), x, log_f
+        t = float(times[0])
+        for k, t_next in enumerate(times[1:], start=1):
+            while t < t_next:
+                remaining = t_next - t
+                # take the fixed dt, but never leave a sliver shorter than dt/1000 before a save
+                dt = remaining if remaining <= self.dt * 1.001 else self.dt
+                x, log_f = self.step(x, log_f, w, dt)
+                t = t_next if dt == remaining else t + dt
+                if not np.all(np.isfinite(x)):
+                    raise FloatingPointError(f"non-finite particle position at t = {t:.6g}")
+            yield k, t, x, log_f
+
+    def run(self, x0, weights, t_end: float, save_every: float, log_f0=None) -> xr.Dataset:
+        """Integrate to t_end; Dataset with positions(time, particle, xyz), weights(particle) and,
+        if carried, density(time, particle) = exp(log f)."""
+        times = save_times(t_end, save_every)
+        positions, densities = [], []
+        for _, _, x, log_f in self.snapshots(x0, weights, times, log_f0):
+            positions.append(x.copy())
+            if log_f is not None:
+                densities.append(np.exp(log_f))
+        data = {
+            "positions": (("time", "particle", "xyz"), np.array(positions),
+                          {"long_name": "particle positions on the unit sphere", "units": "1"}),
+            "weights": (("particle",), np.asarray(weights, dtype=float),
+                        {"long_name": "particle weights (mass)", "units": "1"}),
+        }
+        if densities:
+            data["density"] = (("time", "particle"), np.array(densities),
+                               {"long_name": "density carried along the characteristic", "units": "sr-1"})
+        ds = xr.Dataset(data, coords={"time": ("time", np.array(times), {"units": "1", "axis": "T"})})
+        ds.attrs.update({"scheme": self.scheme, "dt": self.dt, "hardmax": int(self.hardmax),
+                         "field_evaluations": self.evaluations})
+        return ds
+
