@@ -6,6 +6,7 @@ from . import initial
 from .eulerian import EulerianSolver
 from .io import open_run
 from .mesh import HealpixMesh
+from .particles import ParticleSolver
 from .model import AttentionModel
 
 try:
@@ -13,4 +14,4 @@ try:
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
 
-__all__ = ["HealpixMesh", "AttentionModel", "EulerianSolver", "initial", "open_run", "__version__"]
+__all__ = ["HealpixMesh", "AttentionModel", "EulerianSolver", "ParticleSolver", "initial", "open_run", "__version__"]

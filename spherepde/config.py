@@ -6,6 +6,8 @@ A config has the sections
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3)
+    [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
+                   Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
     [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
                    w2_nside (HEALPix level of the discrete OT when dim E > 1)
@@ -35,6 +37,7 @@ DEFAULTS = {
     "initial": {"kind": "uniform"},
     "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2},
     "time": {"t_end": None, "save_every": None},
+    "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
     "output": {"path": None},
 }
@@ -144,13 +147,13 @@ def resolve(raw: dict) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError("config: must be a TOML document of sections")
     for section, table in raw.items():
-        if section == "particles":
-            raise ConfigError("[particles]: the particle solver is not available in this version")
         if section not in DEFAULTS:
             raise ConfigError(f"[{section}]: unknown section (allowed: {', '.join(DEFAULTS)})")
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}]: must be a table of keys, got {table!r}")
     cfg = {s: dict(d) for s, d in DEFAULTS.items()}
+    if "particles" not in raw:
+        cfg["particles"] = None  # optional section: no particle solver
     for section, table in raw.items():
         if section != "initial":
             _check_keys(section, table, DEFAULTS[section])
@@ -195,6 +198,9 @@ def resolve(raw: dict) -> dict:
     if tm["t_end"] / tm["save_every"] > 100_000:
         raise ConfigError(f"[time] save_every: more than 100000 snapshots ({tm['t_end']:g}/{tm['save_every']:g})")
 
+    if cfg["particles"] is not None:
+        _resolve_particles(cfg["particles"], tm)
+
     dg = cfg["diagnostics"]
     dg["p"] = _number("diagnostics", "p", dg["p"], positive=True, high=1.0)
     for key in ("C0", "C1"):
@@ -208,6 +214,22 @@ def resolve(raw: dict) -> dict:
     if out["path"] is not None and (not isinstance(out["path"], str) or not out["path"].strip()):
         raise ConfigError(f"[output] path: must be a non-empty string, got {out['path']!r}")
     return cfg
+
+
+def _resolve_particles(pt, tm):
+    if pt["mode"] not in ("tokens", "quadrature"):
+        raise ConfigError(f'[particles] mode: must be "tokens" or "quadrature", got {pt["mode"]!r}')
+    n = pt["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
+        raise ConfigError(f"[particles] n: must be an integer in [1, 1000000], got {n!r}")
+    seed = pt["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"[particles] seed: must be an integer >= 0, got {seed!r}")
+    if pt["scheme"] not in ("euler", "rk4"):
+        raise ConfigError(f'[particles] scheme: must be "euler" or "rk4", got {pt["scheme"]!r}')
+    pt["dt"] = _number("particles", "dt", pt["dt"], positive=True)
+    if pt["dt"] > tm["save_every"]:
+        raise ConfigError(f"[particles] dt: must be <= save_every = {tm['save_every']:g}, got {pt['dt']:g}")
 
 
 def _resolve_initial(table):

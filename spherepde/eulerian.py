@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 
 from .attention import AttentionField
-from .timeline import save_times
+from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
 
 __all__ = ["EulerianSolver", "SNAPSHOT_META"]
@@ -65,26 +65,21 @@ class EulerianSolver:
     def sup_divergence(self, f) -> float:
         return float(self.velocity_at_cells(f)[1].max())
 
-    def run(self, f0, t_end: float, save_every: float, C0: float | None = None,
-            progress: bool = False, on_snapshot=None) -> xr.Dataset:
-        """Integrate from t = 0 to t_end, keeping snapshots every save_every (and at t_end).
-
-        C0: constant of the paper's bound ½ℓ₀e^{−C₀t}; default the largest sup div v seen.
-        on_snapshot(index, time, f, record): called as soon as each snapshot exists.
-        Returns an xarray.Dataset with density(time, cells) and per-snapshot diagnostics.
-        """
+    def snapshots(self, f0, times):
+        """Integrate through the increasing times (times[0] = 0 is the start), yielding
+        (k, t, f, record) at each: record holds the per-snapshot quantities of SNAPSHOT_META.
+        After the last, self.last_run has ell0, max_sup_div and this run's rejected steps."""
         f = np.array(f0, dtype=float)
         mesh = self.mesh
         if f.shape != (mesh.npix,):
             raise ValueError(f"f0 must have shape ({mesh.npix},), got {f.shape}")
-        times = save_times(t_end, save_every)
-
         ell0 = float(f.min())
         # the stepper counts over its lifetime; report this run's counts
         steps_before, rejected_before = self.stepper.steps, self.stepper.rejected
         self.stepper.safety = 1.0  # every run starts alike (the step-size controller has state)
-        state = {"t": 0.0, "sup_div": self.sup_divergence(f), "integral": 0.0}
+        state = {"t": times[0], "sup_div": self.sup_divergence(f), "integral": 0.0}
         state["max_sup_div"] = state["sup_div"]
+        self.last_run = state
 
         def after_step(t, fnew):
             s = self.sup_divergence(fnew)
@@ -92,19 +87,12 @@ class EulerianSolver:
             state["t"], state["sup_div"] = t, s
             state["max_sup_div"] = max(state["max_sup_div"], s)
 
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=t_end, unit="t", bar_format="{l_bar}{bar}| t={n:.3f}/{total:.3f} [{elapsed}<{remaining}]")
-        records = []
-        densities = []
         for k, t_save in enumerate(times):
             if k > 0:
                 f = self.stepper.advance(f, times[k - 1], t_save, callback=after_step)
-                if bar is not None:
-                    bar.update(t_save - times[k - 1])
-            rec = {
+            state["rejected"] = self.stepper.rejected - rejected_before
+            state["ell0"] = ell0
+            yield k, t_save, f, {
                 "time": t_save,
                 "mass": mesh.integrate(f),
                 "min_density": float(f.min()),
@@ -114,15 +102,30 @@ class EulerianSolver:
                 "lower_bound_aposteriori": ell0 * math.exp(-state["integral"]),
                 "steps": self.stepper.steps - steps_before,
             }
+
+    def run(self, f0, t_end: float, save_every: float, C0: float | None = None,
+            progress: bool = False, on_snapshot=None) -> xr.Dataset:
+        """Integrate from t = 0 to t_end, keeping snapshots every save_every (and at t_end).
+
+        C0: constant of the paper's bound ½ℓ₀e^{−C₀t}; default the largest sup div v seen.
+        on_snapshot(index, time, f, record): called as soon as each snapshot exists.
+        Returns an xarray.Dataset with density(time, cells) and per-snapshot diagnostics.
+        """
+        times = save_times(t_end, save_every)
+        bar = progress_bar(t_end) if progress else None
+        records, densities = [], []
+        for k, t, f, rec in self.snapshots(f0, times):
             records.append(rec)
             densities.append(f.copy())
             if on_snapshot is not None:
-                on_snapshot(k, t_save, f, rec)
+                on_snapshot(k, t, f, rec)
+            if bar is not None:
+                bar.update(t - bar.n)
         if bar is not None:
             bar.close()
+        state = self.last_run
         c0 = state["max_sup_div"] if C0 is None else float(C0)
-        return self._dataset(records, densities, ell0, c0, C0 is None,
-                             self.stepper.rejected - rejected_before)
+        return self._dataset(records, densities, state["ell0"], c0, C0 is None, state["rejected"])
 
     def _dataset(self, records, densities, ell0, c0, c0_default, rejected):
         mesh = self.mesh

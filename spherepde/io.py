@@ -39,15 +39,20 @@ class RunWriter:
     """Create the run file and append snapshots.
 
     variables: name → (long_name, units) of the per-time diagnostics, declared up front.
+    dims: extra dimensions name → size (e.g. particle, xyz); arrays: per-time arrays over them,
+    name → (dims without time, long_name, units); static: arrays without time,
+    name → (dims, values, long_name, units).
     """
 
-    def __init__(self, path, mesh, config: dict, variables: dict, attrs: dict | None = None):
+    def __init__(self, path, mesh, config: dict, variables: dict, attrs: dict | None = None,
+                 dims: dict | None = None, arrays: dict | None = None, static: dict | None = None):
         import netCDF4
 
         from . import __version__
 
         self.path = str(path)
         self.variables = dict(variables)
+        self.arrays = dict(arrays or {})
         self._nc = nc = netCDF4.Dataset(self.path, "w", format="NETCDF4")
         try:
             nc.createDimension("cells", mesh.npix)
@@ -68,6 +73,17 @@ class RunWriter:
             for name, (long_name, units) in self.variables.items():
                 var = nc.createVariable(name, "f8", ("time",), fill_value=False)
                 var.setncatts({"long_name": long_name, "units": units})
+            for name, size in (dims or {}).items():
+                nc.createDimension(name, size)
+            for name, (var_dims, long_name, units) in self.arrays.items():
+                sizes = tuple(len(nc.dimensions[d]) for d in var_dims)
+                var = nc.createVariable(name, "f8", ("time", *var_dims), fill_value=False,
+                                        chunksizes=(1, *sizes))
+                var.setncatts({"long_name": long_name, "units": units})
+            for name, (var_dims, values, long_name, units) in (static or {}).items():
+                var = nc.createVariable(name, "f8", var_dims, fill_value=False)
+                var.setncatts({"long_name": long_name, "units": units})
+                var[:] = np.asarray(values, dtype=float)
             done = nc.createVariable("snapshot_complete", "i1", ("time",), fill_value=np.int8(0))
             done.setncatts({"long_name": "1 once every variable of the snapshot is on disk",
                             "units": "1"})
@@ -86,11 +102,14 @@ class RunWriter:
             nc.close()
             raise
 
-    def append(self, time: float, density, values: dict) -> int:
-        """Write one snapshot and flush it to disk; returns its index."""
+    def append(self, time: float, density, values: dict, arrays: dict | None = None) -> int:
+        """Write one snapshot (density, scalar values, the declared arrays) and flush it to disk;
+        returns its index."""
         nc = self._nc
         k = len(nc.dimensions["time"])
         nc.variables["density"][k, :] = np.asarray(density, dtype=float)
+        for name in self.arrays:
+            nc.variables[name][k, ...] = np.asarray((arrays or {})[name], dtype=float)
         for name in self.variables:
             value = values.get(name, math.nan)
             nc.variables[name][k] = math.nan if value is None else float(value)

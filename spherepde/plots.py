@@ -99,12 +99,18 @@ def diagnostics_plot(ds, axes=None):
     t = ds.time.values
     beta = ds.attrs.get("beta")
     ax = axes[0]
-    ax.plot(t, ds.alignment_E, label="alignment with E")
-    ax.plot(t, ds.alignment_F, label="alignment with F")
+    ax.plot(t, ds.alignment_E, "C0", label="alignment with E")
+    ax.plot(t, ds.alignment_F, "C1", label="alignment with F")
+    if "particle_alignment_E" in ds:  # particles: same colours, dashed
+        ax.plot(t, ds.particle_alignment_E, "C0--", label="E (particles)")
+        ax.plot(t, ds.particle_alignment_F, "C1--", label="F (particles)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"alignment, β = {beta}")
     ax = axes[1]
-    ax.semilogy(t, ds.w2_to_projection, label="W₂(ρ_t, Π#ρ₀)")
+    ax.semilogy(t, ds.w2_to_projection, "C0", label="W₂(ρ_t, Π#ρ₀)")
+    if "particle_w2_to_projection" in ds:
+        ax.semilogy(t, ds.particle_w2_to_projection, "C0--", label="W₂ (particles)")
+        ax.semilogy(t, ds.w2_eulerian_particles, "C2-.", label="W₂(Eulerian, particles)")
     if "w2_bound_zero_temperature" in ds:
         ax.semilogy(t, ds.w2_bound_zero_temperature, "--", label="√(2V_p(ρ₀)) e^{−pγt/σ_max}")
     if "w2_bound_finite_beta" in ds:

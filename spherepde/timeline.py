@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["save_times"]
+__all__ = ["save_times", "progress_bar"]
 
 
 def save_times(t_end: float, save_every: float) -> list[float]:
@@ -21,3 +21,10 @@ def save_times(t_end: float, save_every: float) -> list[float]:
     else:
         times[-1] = t_end  # absorb the round-off of n·save_every
     return times
+
+
+def progress_bar(t_end: float):
+    """A tqdm bar on simulation time (update with bar.update(dt))."""
+    from tqdm import tqdm
+
+    return tqdm(total=t_end, unit="t", bar_format="{l_bar}{bar}| t={n:.3f}/{total:.3f} [{elapsed}<{remaining}]")

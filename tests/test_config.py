@@ -38,7 +38,10 @@ BAD = [
     ("missing beta", lambda t: t.replace("beta = 10.0", ""), ["[model] beta", "required"]),
     ("malformed TOML", lambda t: t.replace("[time]", "[time"), ["malformed TOML"]),
     ("bad scheme", lambda t: t.replace("nside = 4", 'nside = 4\nscheme = "weno"'), ["[eulerian] scheme"]),
-    ("particles not yet", lambda t: t + "\n[particles]\nn = 10\n", ["[particles]"]),
+    ("particle mode", lambda t: t + '\n[particles]\nmode = "swarm"\n', ["[particles] mode"]),
+    ("particle n", lambda t: t + "\n[particles]\nn = 0\n", ["[particles] n"]),
+    ("particle dt", lambda t: t + "\n[particles]\ndt = 0.5\n", ["[particles] dt", "save_every"]),
+    ("particle key", lambda t: t + "\n[particles]\nsize = 5\n", ["[particles] size", "unknown key"]),
 ]
 
 
