@@ -2,7 +2,7 @@
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite]
     spherepde plot RUN.nc [-o DIR]
-    spherepde validate SUITE ... --out DIR [--slow] [--nside N ...]
+    spherepde validate SUITE ... --out DIR [--slow] [--nside N ...]   (transport, exact, lagrangian)
 
 Bad input (config, paths) ends with one line on stderr naming the setting, and exit status 2.
 """
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-SUITES = ("transport", "exact")
+SUITES = ("transport", "exact", "lagrangian")
 
 
 class UsageError(Exception):
@@ -141,6 +141,10 @@ def _validate(args):
             from validation import exact
 
             exact.run_suite(args.out, slow=args.slow, nsides=args.nside)
+        elif suite == "lagrangian":
+            from validation import lagrangian
+
+            lagrangian.run_suite(args.out, slow=args.slow, nsides=args.nside)
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 

@@ -62,3 +62,19 @@ def test_validate_exact_is_a_suite(tmp_path):
     blocker.write_text("x")
     r = run_cli("validate", "exact", "--out", str(blocker / "sub"))
     assert r.returncode == 2 and "--out" in r.stderr
+
+
+def test_validate_lagrangian_small(tmp_path):
+    """β = ∞ (particles exact): the cross-check runs end to end, the two solvers start identical
+    (W₂ = 0 at t = 0) and the gap shrinks from nside 4 to 8."""
+    import math
+
+    from validation import lagrangian
+
+    r = lagrangian.run_suite(tmp_path, nsides=[4, 8], betas=(math.inf,), progress=False)
+    text = (tmp_path / "lagrangian.md").read_text()
+    assert "β = inf" in text and (tmp_path / "lagrangian.png").stat().st_size > 10_000
+    rows4, rows8 = r[(math.inf, 4)][0], r[(math.inf, 8)][0]
+    assert rows4[0]["w2"] < 1e-6 and rows8[0]["w2"] < 1e-6
+    assert rows8[1]["w2"] < 0.7 * rows4[1]["w2"]
+    assert rows8[1]["density_rel_mean"] < rows4[1]["density_rel_mean"]
