@@ -123,3 +123,12 @@ def test_bad_arguments():
         ParticleSolver(model, carry_density=True).run(random_points(5, 0), np.ones(5), 1.0, 0.5)
     with pytest.raises(ValueError, match="positive integer"):
         tokens_from_law(Uniform(), 0)
+
+
+def test_same_trajectories_as_cbx():
+    """The paper's update written with CBXpy (PolarCBO consensus = softmax mean) gives the same
+    tokens as our numba Euler steps (validation/benchmark_cbx.py; cbx is a test dependency)."""
+    from validation.benchmark_cbx import compare
+
+    r = compare(300, steps=20)
+    assert r["max_diff"] < 1e-10
