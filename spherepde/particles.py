@@ -25,7 +25,7 @@ import numpy as np
 import xarray as xr
 from numba import njit, prange
 
-from .attention import attention_field, zero_temperature_field
+from .attention import attention_field, project_velocity, zero_temperature_field
 from .timeline import save_times
 
 __all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES"]
@@ -52,16 +52,7 @@ def hardmax_field(targets, BT, sources, weights, V, velocity):
                 if s > best:
                     best = s
                     arg = j
-        m0 = sources[arg, 0]
-        m1 = sources[arg, 1]
-        m2 = sources[arg, 2]
-        u0 = V[0, 0] * m0 + V[0, 1] * m1 + V[0, 2] * m2
-        u1 = V[1, 0] * m0 + V[1, 1] * m1 + V[1, 2] * m2
-        u2 = V[2, 0] * m0 + V[2, 1] * m1 + V[2, 2] * m2
-        xu = x0 * u0 + x1 * u1 + x2 * u2
-        velocity[i, 0] = u0 - xu * x0
-        velocity[i, 1] = u1 - xu * x1
-        velocity[i, 2] = u2 - xu * x2
+        project_velocity(V, sources[arg, 0], sources[arg, 1], sources[arg, 2], x0, x1, x2, velocity[i])
 
 
 def _normalise(x):
