@@ -55,7 +55,7 @@ from numba import njit, prange
 
 from .fastmath import LOG2E, exp2_weight, maxnum
 
-__all__ = ["attention_field", "softmax_blocked", "softmax_direct_reference", "source_arrays",
+__all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "softmax_blocked", "softmax_direct_reference", "source_arrays",
            "zero_temperature_field", "AttentionField"]
 
 TARGET_BLOCK = 64  # targets per parallel work item
@@ -367,12 +367,40 @@ def zero_temperature_field(targets, B, M, want_div, velocity, divergence):
             divergence[i] = (trM - 3.0 * xmx) / nb - cross / nb**3
 
 
-def attention_field(model, sources, masses, targets, want_div=False, out=None):
+METHODS = ("auto", "direct", "tree")
+DEFAULT_TOL = 1e-10
+TREE_MIN_SOURCES = 3072  # below this the tree's overhead is not worth it
+TREE_MAX_CAP_FRACTION = 0.2  # the tree pays when the weights live on < 20 % of the sphere
+
+
+def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
+    """The cost model of "auto": the tree visits the cap where β|Bᵀx|(1 − cos θ) ≲ ln(1/tol) + 5,
+    a fraction (ln(1/tol) + 5)/(2β|Bᵀx|) of the sphere (median |Bᵀx| over the targets); the direct
+    sum visits everything at a lower cost per source. "tree" when that fraction is small."""
+    if nsources < TREE_MIN_SOURCES:
+        return "direct"
+    sample = np.asarray(targets)[:: max(1, len(targets) // 256)]
+    bx = float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
+    if bx <= 0:
+        return "direct"
+    fraction = (math.log(1.0 / tol) + 5.0) / (2.0 * model.beta * bx)
+    return "tree" if fraction < TREE_MAX_CAP_FRACTION else "direct"
+
+
+def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
+                    tol=DEFAULT_TOL, stats=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     sources (N, 3) with masses (N,) ≥ 0 (need not be normalised); targets (T, 3) unit vectors.
     The one entry point of the summation. At β = ∞ the masses are unused and mean is None.
+    method: "direct" (softmax_blocked, exact to rounding), "tree" (spherepde.tree_sum: pruning
+    with a certified neglected weight ≤ tol·Z per target; unit-vector sources only) or "auto"
+    (choose_method). stats, if a dict, receives the method used and the tree's direct fallbacks.
     """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if not (0 < tol < 1):
+        raise ValueError(f"tol must be in (0, 1), got {tol!r}")
     targets = np.ascontiguousarray(targets, dtype=float)
     ntarget = targets.shape[0]
     if out is None:
@@ -381,36 +409,58 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None):
     if model.zero_temperature:
         zero_temperature_field(targets, model.B, model.M, want_div, velocity, divergence)
         return velocity, (divergence if want_div else None), None
+    sources = np.ascontiguousarray(sources, dtype=float)
+    if method == "auto":
+        method = choose_method(model, targets, sources.shape[0], tol)
+    if method == "tree" and np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() > 1e-12:
+        method = "direct"  # the caps of the tree bound ⟨a, y⟩ for unit vectors y only
     soa, sample, rmax = source_arrays(sources, masses)
     BT = np.ascontiguousarray(model.B.T)
-    # the fast kernel's exponents λ + ⟨a, y − â⟩ − shift are bounded by 2|a|(r_max + 1) + max|λ|
+    # the fast kernels' exponents λ + ⟨a, y − â⟩ − shift are bounded by 2|a|(r_max + 1) + max|λ|
     bound = 2.0 * model.beta * LOG2E * np.linalg.norm(BT, 2) * (rmax + 1.0) - soa[3].min()
-    if bound < _EXP2_LIMIT:
-        softmax_blocked(targets, BT, model.beta, soa, sample, rmax, model.V, want_div,
-                        velocity, divergence, mean)
-    else:  # absurd β (> ~10¹⁴): the reference kernel has no range limit
+    if bound >= _EXP2_LIMIT:  # absurd β (> ~10¹⁴): the reference kernel has no range limit
+        method = "reference"
         masses = np.asarray(masses, dtype=float)
         with np.errstate(divide="ignore"):
             log_mass = np.log(np.maximum(masses, 0.0))
-        softmax_direct_reference(targets, BT, model.beta,
-                                 np.ascontiguousarray(sources, dtype=float), log_mass, model.V,
+        softmax_direct_reference(targets, BT, model.beta, sources, log_mass, model.V,
                                  want_div, velocity, divergence, mean)
-    return velocity, (divergence if want_div else None), mean
+    elif method == "tree":
+        from .tree_sum import SourceTree, tree_softmax
 
+        tree = SourceTree(sources, masses)
+        fallbacks = np.zeros(ntarget, dtype=np.int8)
+        tree_softmax(targets, BT, model.beta, tree.soa, tree.depth, tree.level_offset,
+                     tree.node_start, tree.node_end, tree.node_centre, tree.node_cos_r,
+                     tree.node_sin_r, tree.node_log_mass, model.V, tol, want_div,
+                     velocity, divergence, mean, fallbacks)
+        if stats is not None:
+            stats["fallbacks"] = int(fallbacks.sum())
+    else:
+        softmax_blocked(targets, BT, model.beta, soa, sample, rmax, model.V, want_div,
+                        velocity, divergence, mean)
+    if stats is not None:
+        stats["method"] = method
+    return velocity, (divergence if want_div else None), mean
 
 class AttentionField:
     """The attention field of cell densities on a mesh, evaluated at fixed target points.
 
-    Sources are the cell centroids with masses f_c·A; work arrays are allocated once.
+    Sources are the cell centroids with masses f_c·A; work arrays are allocated once. method and
+    tol as in attention_field; self.stats holds the method used by the last call.
     """
 
-    def __init__(self, model, mesh, targets):
+    def __init__(self, model, mesh, targets, method="auto", tol=DEFAULT_TOL):
         self.model = model
         self.mesh = mesh
+        self.method = method
+        self.tol = tol
+        self.stats = {}
         self.targets = np.ascontiguousarray(targets, dtype=float)
         n = self.targets.shape[0]
         self._out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
 
     def __call__(self, f, want_div=False):
         return attention_field(self.model, self.mesh.centroids, f * self.mesh.area, self.targets,
-                               want_div=want_div, out=self._out)
+                               want_div=want_div, out=self._out, method=self.method, tol=self.tol,
+                               stats=self.stats)
