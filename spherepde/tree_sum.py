@@ -25,7 +25,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .attention import _block_max, _block_moments1, _block_moments2, _finish_target, source_arrays
+from .attention import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
+                        source_arrays)
 from .fastmath import LOG2E
 
 __all__ = ["SourceTree", "tree_softmax", "LEAF_SIZE"]
@@ -188,13 +189,17 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
             y1 = ys1[s0:s1]
             y2 = ys2[s0:s1]
             lw = lws[s0:s1]
-            m = _block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw)
-            if m > shift:  # a larger exponent: rescale what was summed so far
-                factor = 2.0 ** (shift - m)
-                for q in range(nmom):
-                    mom[q] *= factor
-                pruned *= factor
-                shift = m
+            if b - shift > SHIFT_SLACK:
+                # the leaf may hold a much larger exponent: find it and rescale what was summed
+                # so far. Otherwise its weights are ≤ 2^SHIFT_SLACK and the running shift serves
+                # (the rounding error of the exponents stays ≤ SHIFT_SLACK·ε, as in softmax_blocked)
+                m = _block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw)
+                if m > shift:
+                    factor = 2.0 ** (shift - m)
+                    for q in range(nmom):
+                        mom[q] *= factor
+                    pruned *= factor
+                    shift = m
             if want_div:
                 r2 = _block_moments2(a0, a1, a2, h0, h1, h2, -shift, y0, y1, y2, lw)
                 for q in range(10):
