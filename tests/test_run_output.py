@@ -139,8 +139,10 @@ def test_killed_run_keeps_every_snapshot(tmp_path):
         k = ds.sizes["time"]
         assert target <= k < reference.sizes["time"] and ds.attrs["complete"] == 0
         np.testing.assert_array_equal(ds.time.values, reference.time.values[:k])
-        np.testing.assert_array_equal(ds.density.values, reference.density.values[:k])
-        np.testing.assert_array_equal(ds.alignment_E.values, reference.alignment_E.values[:k])
+        # equal to round-off, not bitwise: the vectorised sums' loop peeling depends on the
+        # arrays' memory alignment, which differs between processes (1-ulp differences)
+        np.testing.assert_allclose(ds.density.values, reference.density.values[:k], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(ds.alignment_E.values, reference.alignment_E.values[:k], rtol=1e-12)
 
 
 @pytest.mark.parametrize("mode", ["tokens", "quadrature"])
