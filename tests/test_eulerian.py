@@ -115,4 +115,5 @@ def test_step_counts_are_per_run(mesh_factory):
     assert first.steps.values[0] == second.steps.values[0] == 0
     np.testing.assert_array_equal(first.steps.values, second.steps.values)
     assert first.steps.values[-1] > 0
-    np.testing.assert_array_equal(first.density.values, second.density.values)
+    # round-off, not bitwise: vectorised reductions depend on memory alignment
+    np.testing.assert_allclose(first.density.values, second.density.values, rtol=1e-12, atol=0)

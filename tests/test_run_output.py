@@ -101,7 +101,8 @@ def test_run_file_equals_direct_solver(small_run):
     ref = EulerianSolver(mesh, build_model(cfg["model"])).run(law.cell_averages(mesh), 0.5, 0.25)
     ds = open_run(out)
     np.testing.assert_array_equal(ds.time.values, ref.time.values)
-    np.testing.assert_array_equal(ds.density.values, ref.density.values)
+    # round-off, not bitwise: vectorised reductions depend on memory alignment
+    np.testing.assert_allclose(ds.density.values, ref.density.values, rtol=1e-12, atol=0)
     np.testing.assert_allclose(ds.mass.values, 1.0, atol=1e-13)
     np.testing.assert_allclose(ds.lower_bound_paper.values,
                                0.5 * ds.attrs["ell0"] * np.exp(-ds.attrs["C0"] * ds.time.values))
