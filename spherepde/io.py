@@ -10,7 +10,10 @@ Layout (NETCDF4 format, so uint64 cell ids survive):
   version, creation time, and run metadata.
 
 Every snapshot is written and flushed to disk as soon as it exists (`RunWriter.append`), so a
-run killed midway leaves a file with every snapshot written so far.
+run killed midway leaves a file with every snapshot written so far. The snapshot slots of a run
+are allocated when the file is created (NaN, snapshot_complete = 0), so that a kill can only
+interrupt an in-place data write, never a change of HDF5 metadata; `open_run` returns the
+complete snapshots (readers that open the file directly see NaN in the slots not yet written).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class RunWriter:
     """
 
     def __init__(self, path, mesh, config: dict, variables: dict, attrs: dict | None = None,
-                 dims: dict | None = None, arrays: dict | None = None, static: dict | None = None):
+                 dims: dict | None = None, arrays: dict | None = None, static: dict | None = None,
+                 n_snapshots: int | None = None):
         import netCDF4
 
         from . import __version__
@@ -53,6 +57,7 @@ class RunWriter:
         self.path = str(path)
         self.variables = dict(variables)
         self.arrays = dict(arrays or {})
+        self._count = 0
         self._nc = nc = netCDF4.Dataset(self.path, "w", format="NETCDF4")
         try:
             nc.createDimension("cells", mesh.npix)
@@ -97,16 +102,33 @@ class RunWriter:
             }
             glob.update({k: _attr_value(v) for k, v in (attrs or {}).items()})
             nc.setncatts(glob)
+            if n_snapshots:
+                self._preallocate(int(n_snapshots))
             nc.sync()
         except BaseException:
             nc.close()
             raise
 
+    def _preallocate(self, n):
+        """Write every snapshot slot up front (NaN, snapshot_complete = 0). HDF5 keeps its
+        metadata (chunk index, dimension sizes) in the file; a process killed while a write
+        changes them can leave a file whose variables cannot be read (observed under SIGKILL).
+        With every chunk allocated here, appending a snapshot only overwrites data in place."""
+        nc = self._nc
+        for k in range(n):
+            nc.variables["density"][k, :] = np.nan
+            for name in self.arrays:
+                nc.variables[name][k, ...] = np.nan
+        for name in list(self.variables) + ["time"]:
+            nc.variables[name][:n] = np.full(n, np.nan)
+        nc.variables["snapshot_complete"][:n] = np.zeros(n, dtype=np.int8)
+
     def append(self, time: float, density, values: dict, arrays: dict | None = None) -> int:
         """Write one snapshot (density, scalar values, the declared arrays) and flush it to disk;
         returns its index."""
         nc = self._nc
-        k = len(nc.dimensions["time"])
+        k = self._count
+        self._count += 1
         nc.variables["density"][k, :] = np.asarray(density, dtype=float)
         for name in self.arrays:
             nc.variables[name][k, ...] = np.asarray((arrays or {})[name], dtype=float)
@@ -152,5 +174,5 @@ def open_run(path):
     with xr.open_dataset(path, engine="netcdf4") as ds:
         ds = ds.load()
     if "snapshot_complete" in ds:
-        ds = ds.isel(time=np.nonzero(ds["snapshot_complete"].values == 1)[0])
+        ds = ds.isel(time=np.nonzero(ds["snapshot_complete"].values == 1)[0])  # drops unwritten slots
     return ds

@@ -141,7 +141,8 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
     bar = progress_bar(tm["t_end"]) if progress else None
     records = []
     max_sup_div = -math.inf
-    writer = RunWriter(path, mesh, config, variables, attrs, dims=dims, arrays=arrays, static=static)
+    writer = RunWriter(path, mesh, config, variables, attrs, dims=dims, arrays=arrays, static=static,
+                       n_snapshots=len(times))
     try:
         particle_iter = psolver.snapshots(x0, pweights, times, log_f0) if particles else None
         for k, t, f, rec in solver.snapshots(f0, times):
