@@ -1,24 +1,43 @@
 """Command line.
 
-    spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite]
+    spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
     spherepde plot RUN.nc [-o DIR]
     spherepde validate SUITE ... --out DIR [--slow] [--nside N ...]   (transport, exact, lagrangian)
 
-Bad input (config, paths) ends with one line on stderr naming the setting, and exit status 2.
+Every failure ends with one line on stderr and an exit status:
+  0 done (also: --resume of a finished run, which changes nothing)
+  2 bad input: config, paths, an existing output without --overwrite, an output another run is
+    writing, a run file that cannot be read or resumed; nothing is written
+  3 a run guard stopped the run (non-finite or negative density, mass drift, CFL, step collapse):
+    the file keeps every snapshot and the state at failure as its last one
+  4 writing the output failed (disk full, I/O error): the file keeps every complete snapshot
+  130 interrupted (Ctrl-C), 143 terminated (SIGTERM): the file keeps every complete snapshot
+  1 an unexpected error (a bug): Python's traceback; the file keeps every complete snapshot
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 SUITES = ("transport", "exact", "lagrangian")
+EXIT_USAGE, EXIT_GUARD, EXIT_WRITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 4, 130, 143
 
 
 class UsageError(Exception):
     """A bad setting: reported as one line, exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch system stopping the job): handled like Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 def _power_of_two(text):
@@ -44,7 +63,10 @@ def build_parser():
     run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override a config value (TOML syntax), repeatable")
     run.add_argument("-o", "--output", help="output NetCDF path (default: [output] path, else results/CONFIG.nc)")
-    run.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    mode.add_argument("--resume", action="store_true",
+                      help="continue the interrupted run in the output file from its last complete snapshot")
     run.add_argument("--check", action="store_true", help="validate the config and output path, then stop")
     run.add_argument("-v", "--verbose", action="store_true",
                      help="log a line to stderr as each snapshot is written (for batch logs)")
@@ -74,14 +96,16 @@ def _check_output_dir(path, option="--out"):
     return out
 
 
-def _check_output_file(path, overwrite, option):
+def _check_output_file(path, overwrite, option, resume=False):
     """The output file can be created: its folder is writable and it does not exist (unless
-    overwrite). Creates the folder; writes nothing else."""
+    overwrite); with resume, it must exist. Creates the folder; writes nothing else."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
-    if path.exists() and not overwrite:
-        raise UsageError(f"{option} {path}: exists (use --overwrite to replace it)")
+    if resume and not path.is_file():
+        raise UsageError(f"{option} {path}: no such file to resume (run without --resume to start)")
+    if path.exists() and not (overwrite or resume):
+        raise UsageError(f"{option} {path}: exists (use --overwrite to replace it, --resume to continue it)")
     _check_output_dir(path.parent if str(path.parent) else ".", option)
     return path
 
@@ -99,16 +123,41 @@ def _run(args):
         path, option = cfg["output"]["path"], "[output] path"
     else:
         path, option = str(Path("results") / (Path(args.config).stem + ".nc")), "output path"
-    path = _check_output_file(path, args.overwrite, option)
+    path = _check_output_file(path, args.overwrite, option, args.resume)
     cfg["output"]["path"] = str(path)
     if args.check:
         print(f"spherepde run: config OK, output → {path}")
         return 0
+    from spherepde.guards import RunFailure
+    from spherepde.io import RunFileError, WriteError
+    from spherepde.locking import LockError, output_lock
     from spherepde.run import execute
 
-    if path.exists():
-        path.unlink()
-    execute(cfg, path, snapshot_log=sys.stderr if args.verbose else None)
+    def note(text):
+        print(f"spherepde: note: {text}", file=sys.stderr)
+
+    # SIGTERM handled like Ctrl-C (signal handlers can only be set from the main thread)
+    previous = (signal.signal(signal.SIGTERM, _terminate)
+                if threading.current_thread() is threading.main_thread() else None)
+    try:
+        with output_lock(path, note=note):
+            # checked again under the lock: another run may have created the file meanwhile
+            _check_output_file(path, args.overwrite, option, args.resume)
+            if path.exists() and not args.resume:
+                path.unlink()
+            execute(cfg, path, snapshot_log=sys.stderr if args.verbose else None, resume=args.resume)
+    except (LockError, RunFileError) as exc:
+        raise UsageError(str(exc)) from None
+    except RunFailure as exc:
+        print(f"spherepde: run failed: {exc}; snapshots kept in {path}: {exc.kept}, then the state at "
+              "failure (snapshot_kind = 1)", file=sys.stderr)
+        return EXIT_GUARD
+    except WriteError as exc:
+        print(f"spherepde: error: {exc}", file=sys.stderr)
+        return EXIT_WRITE
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -119,8 +168,12 @@ def _plot(args):
     if not run_file.is_file():
         raise UsageError(f"RUN_FILE {run_file}: no such file")
     out = _check_output_dir(args.out if args.out else run_file.parent, "-o")
+    from spherepde.io import RunFileError
+
     try:
         paths = plot_run(run_file, out)
+    except RunFileError as exc:
+        raise UsageError(f"RUN_FILE {exc}") from None
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"RUN_FILE {run_file}: not a spherepde run file ({exc})") from None
     for p in paths:
@@ -156,10 +209,12 @@ def main(argv=None):
         return handler(args)
     except UsageError as exc:
         print(f"spherepde: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("spherepde: interrupted; every snapshot written so far is kept", file=sys.stderr)
-        return 130
+        return EXIT_USAGE
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"spherepde: {what}; every snapshot written so far is kept (continue with --resume)",
+              file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPT
 
 
 if __name__ == "__main__":

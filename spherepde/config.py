@@ -11,6 +11,9 @@ A config has the sections
     [time]         t_end > 0, save_every in (0, t_end]
     [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
                    w2_nside (HEALPix level of the discrete OT when dim E > 1)
+    [guards]       optional run guards: mass_tolerance (relative mass drift, default 1e-10),
+                   negative_tolerance (f < −tol·max f fails, default 1e-14), dt_floor (smallest
+                   Courant-limited step, default 1e-12); see spherepde.guards
     [output]       path of the NetCDF file
 
 Every problem raises ConfigError with a message that names the key, e.g.
@@ -25,7 +28,9 @@ import math
 import tomllib
 from pathlib import Path
 
-__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve"]
+from .guards import check_model
+
+__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference"]
 
 
 class ConfigError(ValueError):
@@ -39,6 +44,7 @@ DEFAULTS = {
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
+    "guards": {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12},
     "output": {"path": None},
 }
 
@@ -101,7 +107,10 @@ def _number(section, key, value, *, positive=False, allow_inf=False, low=None, h
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         expect = 'a number or "inf"' if allow_inf else "a number"
         raise ConfigError(f"{where}: must be {expect}, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond double range
+        raise ConfigError(f"{where}: must be finite, got an integer of {len(str(value))} digits") from None
     if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
         raise ConfigError(f"{where}: must be finite{' or +inf' if allow_inf else ''}, got {value!r}")
     if positive and value <= 0:
@@ -169,6 +178,10 @@ def resolve(raw: dict) -> dict:
                           f"(the validated range of the attention sum), got {model['beta']:g}")
     model["B"] = _matrix("model", "B", model["B"])
     model["V"] = _matrix("model", "V", model["V"])
+    try:
+        check_model(model["B"], model["V"], model["beta"])
+    except ValueError as exc:
+        raise ConfigError(f"[model] {exc}") from None
     if math.isinf(model["beta"]):
         import numpy as np
 
@@ -210,9 +223,21 @@ def resolve(raw: dict) -> dict:
     if isinstance(w2, bool) or not isinstance(w2, int) or w2 < 1 or w2 & (w2 - 1) or w2 > 32:
         raise ConfigError(f"[diagnostics] w2_nside: must be a power of two <= 32, got {w2!r}")
 
+    gd = cfg["guards"]
+    gd["mass_tolerance"] = _number("guards", "mass_tolerance", gd["mass_tolerance"], positive=True)
+    gd["negative_tolerance"] = _number("guards", "negative_tolerance", gd["negative_tolerance"], low=0.0)
+    gd["dt_floor"] = _number("guards", "dt_floor", gd["dt_floor"], positive=True)
+
     out = cfg["output"]
     if out["path"] is not None and (not isinstance(out["path"], str) or not out["path"].strip()):
         raise ConfigError(f"[output] path: must be a non-empty string, got {out['path']!r}")
+    # a config that resolves must build: the model and the law refuse what the checks above
+    # let through (e.g. mu = [0, 0, 1e-162], whose norm underflows)
+    for section, build in (("model", build_model), ("initial", build_initial_law)):
+        try:
+            build(cfg[section])
+        except ValueError as exc:
+            raise ConfigError(f"[{section}] {exc}") from None
     return cfg
 
 
@@ -234,7 +259,7 @@ def _resolve_particles(pt, tm):
 
 def _resolve_initial(table):
     kind = table.get("kind", "uniform")
-    if kind not in INITIAL_KEYS:
+    if not isinstance(kind, str) or kind not in INITIAL_KEYS:
         raise ConfigError(f"[initial] kind: unknown initial law {kind!r} (allowed: {', '.join(INITIAL_KEYS)})")
     _check_keys("initial", table, INITIAL_KEYS[kind] | {"kind"})
     out = {"kind": kind}
@@ -275,6 +300,25 @@ def _vmf(section, table):
     if math.hypot(*mu) == 0:
         raise ConfigError(f"[{section}] mu: must be a non-zero vector")
     return {"mu": mu, "kappa": _number(section, "kappa", table["kappa"], low=0.0, high=1e6)}
+
+
+# sections a resumed run may change: where the file is, and the guards' tolerances (they stop a
+# run, they do not change its numbers)
+RESUME_MAY_CHANGE = ("output", "guards")
+
+
+def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
+    """The first setting in which two resolved configs differ ("[section] key: a in the file,
+    b now"), or None when they agree outside the ignored sections."""
+    for section in sorted(set(stored) | set(given)):
+        a, b = stored.get(section), given.get(section)
+        if section in ignore or a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            key = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+            return f"[{section}] {key}: {a.get(key)!r} in the file, {b.get(key)!r} now"
+        return f"[{section}]: {a!r} in the file, {b!r} now"
+    return None
 
 
 def build_initial_law(spec: dict):

@@ -6,20 +6,28 @@ points. Along the way the solver records the quantities of the density lower bou
 ℓ₀ = min f₀, min f_t, sup_x div_S v (evaluated at the cell centroids after every step) and its
 time integral (trapezoidal rule), which give the a-posteriori bound ℓ₀·exp(−∫₀ᵗ sup div v ds)
 and the paper's form ½ℓ₀e^{−C₀t}.
+
+Every step passes the run guards (spherepde.guards), which raise RunFailure with the time, the
+cell and the state at failure. A run can be continued from any snapshot: the record of a
+snapshot holds all the solver state besides the density (SolverState.from_record), so
+`snapshots(f0, times, start=state)` continues exactly as the uninterrupted run did.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import xarray as xr
 
 from .attention import AttentionField
+from .guards import Guards, RunFailure, check_model
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
+from .transport.stepping import StepSizeCollapse
 
-__all__ = ["EulerianSolver", "SNAPSHOT_META"]
+__all__ = ["EulerianSolver", "SNAPSHOT_META", "SolverState"]
 
 # per-snapshot records of a run: name → (long_name, units)
 SNAPSHOT_META = {
@@ -30,26 +38,59 @@ SNAPSHOT_META = {
     "integrated_sup_div": ("∫_0^t sup_x div_S v ds (trapezoidal over steps)", "1"),
     "lower_bound_aposteriori": ("ℓ₀ exp(−∫_0^t sup div_S v ds): a-posteriori density lower bound", "sr-1"),
     "steps": ("time steps taken since t = 0", "1"),
+    # the rest of the solver state, so that a run can continue from any snapshot (--resume)
+    "steps_rejected": ("rejected time steps since t = 0", "1"),
+    "step_safety": ("factor of the step-size controller after the last step", "1"),
+    "max_sup_div": ("largest sup div v over all steps so far", "1"),
 }
+
+
+@dataclass(frozen=True)
+class SolverState:
+    """The solver state at snapshot `index` of a run: with it, snapshots() continues exactly as
+    the uninterrupted run did (the density and every number the next steps depend on)."""
+
+    index: int
+    density: np.ndarray
+    safety: float
+    steps: int
+    rejected: int
+    sup_div: float
+    integral: float
+    max_sup_div: float
+
+    @classmethod
+    def from_record(cls, index, density, record):
+        """The state of a snapshot from its density and its SNAPSHOT_META record."""
+        return cls(index, np.array(density, dtype=float), float(record["step_safety"]),
+                   int(record["steps"]), int(record["steps_rejected"]), float(record["sup_div"]),
+                   float(record["integrated_sup_div"]), float(record["max_sup_div"]))
 
 
 class EulerianSolver:
     """Solve the mean-field continuity equation on a HealpixMesh for an AttentionModel.
 
-    scheme "muscl" or "upwind"; cfl the outflow Courant number; rk_order 2 or 3.
+    scheme "muscl" or "upwind"; cfl the outflow Courant number; rk_order 2 or 3; guards the
+    tolerances of the run guards (spherepde.guards.Guards; defaults never fire on a healthy run).
     """
 
-    def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2):
+    def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
+                 guards: Guards | None = None):
+        check_model(model.B, model.V, model.beta)
         self.mesh = mesh
         self.model = model
         self.scheme = scheme
         self.cfl = cfl
         self.rk_order = rk_order
+        self.guards = Guards() if guards is None else guards
         self.operator = FluxDivergence(mesh, scheme)
+        # the guard's own copy of the stepper's bound: it checks the stepper, not itself
+        self.courant_limit = max(cfl, self.operator.positivity_courant)
         self._edge_field = AttentionField(model, mesh, mesh.edge_points.reshape(-1, 3))
         self._cell_field = AttentionField(model, mesh, mesh.centroids)
         self._un = np.empty(mesh.edge_weights.shape)
-        self.stepper = SSPStepper(self.operator, self.edge_flux, order=rk_order, cfl=cfl)
+        self.stepper = SSPStepper(self.operator, self.edge_flux, order=rk_order, cfl=cfl,
+                                  dt_floor=self.guards.dt_floor)
 
     def edge_flux(self, t, f):
         """Edge fluxes un = w (v[f]·n) at the edge quadrature points (the flow is autonomous)."""
@@ -65,31 +106,57 @@ class EulerianSolver:
     def sup_divergence(self, f) -> float:
         return float(self.velocity_at_cells(f)[1].max())
 
-    def snapshots(self, f0, times):
+    def _checked_sup_divergence(self, t, f, mass0) -> float:
+        """The guards on f, then sup div v (guarded too)."""
+        self.guards.density(t, f, self.mesh.integrate(f), mass0)
+        div = self.velocity_at_cells(f)[1]
+        self.guards.divergence(t, f, div)
+        return float(div.max())
+
+    def snapshots(self, f0, times, start: SolverState | None = None):
         """Integrate through the increasing times (times[0] = 0 is the start), yielding
         (k, t, f, record) at each: record holds the per-snapshot quantities of SNAPSHOT_META.
-        After the last, self.last_run has ell0, max_sup_div and this run's rejected steps."""
+        start: continue from the state saved at snapshot start.index (f0 is still the t = 0
+        density, for ℓ₀ and the mass); the snapshots after it are yielded.
+        After the last, self.last_run has ell0, max_sup_div and this run's rejected steps.
+        Raises RunFailure when a guard fires."""
         f = np.array(f0, dtype=float)
         mesh = self.mesh
         if f.shape != (mesh.npix,):
             raise ValueError(f"f0 must have shape ({mesh.npix},), got {f.shape}")
-        ell0 = float(f.min())
-        # the stepper counts over its lifetime; report this run's counts
-        steps_before, rejected_before = self.stepper.steps, self.stepper.rejected
-        self.stepper.safety = 1.0  # every run starts alike (the step-size controller has state)
-        state = {"t": times[0], "sup_div": self.sup_divergence(f), "integral": 0.0}
-        state["max_sup_div"] = state["sup_div"]
+        ell0, mass0 = float(f.min()), float(mesh.integrate(f))
+        if start is None:
+            start = SolverState(index=0, density=f, safety=1.0, steps=0, rejected=0,
+                                sup_div=self._checked_sup_divergence(times[0], f, mass0), integral=0.0,
+                                max_sup_div=-math.inf)
+            first = 0
+        else:
+            f = np.array(start.density, dtype=float)
+            first = start.index + 1
+        # the stepper counts over its lifetime; report the counts since t = 0
+        steps_before = self.stepper.steps - start.steps
+        rejected_before = self.stepper.rejected - start.rejected
+        self.stepper.safety = start.safety  # the step-size controller has state
+        state = {"t": times[start.index], "sup_div": start.sup_div, "integral": start.integral,
+                 "max_sup_div": max(start.max_sup_div, start.sup_div)}
         self.last_run = state
 
         def after_step(t, fnew):
-            s = self.sup_divergence(fnew)
+            self.guards.courant(t, fnew, self.stepper.last_courant, self.stepper.last_courant_cell,
+                                self.courant_limit)
+            s = self._checked_sup_divergence(t, fnew, mass0)
             state["integral"] += 0.5 * (state["sup_div"] + s) * (t - state["t"])
             state["t"], state["sup_div"] = t, s
             state["max_sup_div"] = max(state["max_sup_div"], s)
 
-        for k, t_save in enumerate(times):
+        for k in range(first, len(times)):
+            t_save = times[k]
             if k > 0:
-                f = self.stepper.advance(f, times[k - 1], t_save, callback=after_step)
+                try:
+                    f = self.stepper.advance(f, times[k - 1], t_save, callback=after_step)
+                except StepSizeCollapse as exc:
+                    raise RunFailure(f"time step collapsed to {exc.dt:.3e} < dt_floor {self.stepper.dt_floor:g}",
+                                     exc.t, f"cell {exc.cell} (fastest outflow)", density=exc.density) from None
             state["rejected"] = self.stepper.rejected - rejected_before
             state["ell0"] = ell0
             yield k, t_save, f, {
@@ -101,6 +168,9 @@ class EulerianSolver:
                 "integrated_sup_div": state["integral"],
                 "lower_bound_aposteriori": ell0 * math.exp(-state["integral"]),
                 "steps": self.stepper.steps - steps_before,
+                "steps_rejected": state["rejected"],
+                "step_safety": self.stepper.safety,
+                "max_sup_div": state["max_sup_div"],
             }
 
     def run(self, f0, t_end: float, save_every: float, C0: float | None = None,

@@ -6,25 +6,69 @@ Layout (NETCDF4 format, so uint64 cell ids survive):
   `xdggs.decode(ds)` works without arguments;
 - crs: 0-d variable with the CF-1.13 healpix grid mapping, referenced by grid_mapping="crs";
 - time(time), units "1"; density(time, cells); one (time) variable per diagnostic;
+- snapshot_complete(time): 1 once the snapshot is on disk; snapshot_kind(time): 0 a regular
+  snapshot, 1 the state at a guard failure (the last snapshot of a failed run);
 - global attributes: Conventions="CF-1.13", config (the resolved config as JSON), spherepde
-  version, creation time, and run metadata.
+  version, creation time, complete (1 only for a finished run), failure (the message of a
+  guard failure), history (resumptions), and run metadata.
 
-Every snapshot is written and flushed to disk as soon as it exists (`RunWriter.append`), so a
-run killed midway leaves a file with every snapshot written so far. The snapshot slots of a run
-are allocated when the file is created (NaN, snapshot_complete = 0), so that a kill can only
-interrupt an in-place data write, never a change of HDF5 metadata; `open_run` returns the
-complete snapshots (readers that open the file directly see NaN in the slots not yet written).
+Reliability:
+- every snapshot is written and flushed as soon as it exists (`RunWriter.append`), its marker
+  last, so a run killed midway leaves a file with every snapshot written so far;
+- each snapshot's data live in chunks of their own (one time index per chunk), and every chunk
+  carries an HDF5 Fletcher-32 checksum: a flipped byte makes the read fail instead of returning a
+  wrong number;
+- every snapshot slot is written when the file is created (`RunWriter._reserve`), so the file
+  has its final size before the first step: a disk too small fails then, before anything is
+  computed; the run only rewrites allocated chunks in place and never makes HDF5 allocate, which
+  is what can leave a file that does not open after a failed flush (measured with a file-size
+  limit: a failure while HDF5 adds chunk-index nodes made the file unreadable);
+- a write error (full disk, quota, I/O error) raises WriteError; the file keeps every complete
+  snapshot;
+- HDF5 does not checksum attributes and names, so the file carries its own: layout_digest covers
+  the names, dimensions, types and attributes fixed when the file is created (config included),
+  end_digest the attributes of the end of the run (RUN_END_ATTRS), rewritten with them;
+- HDF5 can loop forever or crash on some damaged files (measured: a flipped bit in its global
+  heap), so a file is first read in a forked child that can be killed (`_checked_in_child`);
+- `open_run` raises RunFileError (with the path) for anything that is not a readable run file,
+  a damaged layout included; run-end attributes that fail their checksum (damage, or a kill
+  while they were written) are dropped and the run reported as not complete (`--resume` then
+  recomputes them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import hashlib
 import json
 import math
+import os
+import shutil
+import signal
+import time as _time
+import warnings
 
 import numpy as np
 
-__all__ = ["RunWriter", "open_run"]
+__all__ = ["RunWriter", "open_run", "read_resume_point", "ResumePoint", "RunFileError", "WriteError",
+           "SNAPSHOT_REGULAR", "SNAPSHOT_FAILURE"]
+
+SNAPSHOT_REGULAR, SNAPSHOT_FAILURE = 0, 1
+# global attributes written at the end of a run (or at a failure, or a resumption); every other
+# attribute is fixed when the file is created
+RUN_END_ATTRS = ("complete", "C0", "steps", "rejected_steps", "wall_seconds", "particle_field_evaluations",
+                 "failure", "failure_time", "history")
+DIGESTS = ("layout_digest", "end_digest")
+PARSE_SECONDS = 30.0  # time granted to HDF5 to read a small file before it counts as hanging
+
+
+class RunFileError(ValueError):
+    """A file that cannot be read (or resumed) as a spherepde run file; the message names it."""
+
+
+class WriteError(OSError):
+    """Writing the run file failed (disk full, quota, I/O error); the message names the file."""
 
 
 def _attr_value(value):
@@ -38,18 +82,49 @@ def _attr_value(value):
     return value
 
 
+def _plain(value):
+    """An attribute value as plain JSON data."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value.tolist() if isinstance(value, (np.ndarray, np.generic)) else value
+
+
+def _digest(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _layout(nc) -> dict:
+    """What is fixed at creation: names, dimensions, types and attributes (not the time length)."""
+    return {
+        "attrs": {k: _plain(nc.getncattr(k)) for k in nc.ncattrs() if k not in RUN_END_ATTRS + DIGESTS},
+        "dims": {name: len(d) for name, d in nc.dimensions.items() if name != "time"},
+        "vars": {name: [list(v.dimensions), str(v.dtype), {a: _plain(v.getncattr(a)) for a in v.ncattrs()}]
+                 for name, v in nc.variables.items()},
+    }
+
+
+def _run_end(nc) -> dict:
+    return {k: _plain(nc.getncattr(k)) for k in RUN_END_ATTRS if k in nc.ncattrs()}
+
+
+def timestamp():
+    """Now, UTC, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 class RunWriter:
-    """Create the run file and append snapshots.
+    """Create the run file (or reopen it to resume) and append snapshots.
 
     variables: name → (long_name, units) of the per-time diagnostics, declared up front.
     dims: extra dimensions name → size (e.g. particle, xyz); arrays: per-time arrays over them,
     name → (dims without time, long_name, units); static: arrays without time,
-    name → (dims, values, long_name, units).
+    name → (dims, values, long_name, units). n_snapshots: slots written at creation (_reserve).
+    Every method that writes raises WriteError when the file system refuses.
     """
 
     def __init__(self, path, mesh, config: dict, variables: dict, attrs: dict | None = None,
                  dims: dict | None = None, arrays: dict | None = None, static: dict | None = None,
-                 n_snapshots: int | None = None):
+                 n_snapshots: int = 1):
         import netCDF4
 
         from . import __version__
@@ -57,122 +132,343 @@ class RunWriter:
         self.path = str(path)
         self.variables = dict(variables)
         self.arrays = dict(arrays or {})
-        self._count = 0
-        self._nc = nc = netCDF4.Dataset(self.path, "w", format="NETCDF4")
+        self.next_index = 0
+        with self._writing("the file header"):
+            self._nc = nc = netCDF4.Dataset(self.path, "w", format="NETCDF4")
         try:
-            nc.createDimension("cells", mesh.npix)
-            nc.createDimension("time", None)
-            ids = nc.createVariable("cell_ids", "u8", ("cells",))
-            ids.setncatts({"grid_name": "healpix", "level": np.int64(mesh.level), "indexing_scheme": "nested"})
-            ids[:] = mesh.cell_ids.astype(np.uint64)
-            crs = nc.createVariable("crs", "i4")
-            crs.setncatts({"grid_mapping_name": "healpix", "refinement_level": np.int64(mesh.level),
-                           "indexing_scheme": "nested"})
-            crs.assignValue(0)
-            time = nc.createVariable("time", "f8", ("time",), fill_value=False)
-            time.setncatts({"units": "1", "axis": "T", "long_name": "time (depth of the network)"})
-            dens = nc.createVariable("density", "f8", ("time", "cells"), fill_value=False,
-                                     chunksizes=(1, mesh.npix))
-            dens.setncatts({"long_name": "density f_t w.r.t. surface measure (cell average)",
-                            "units": "sr-1", "grid_mapping": "crs", "coordinates": "cell_ids"})
-            for name, (long_name, units) in self.variables.items():
-                var = nc.createVariable(name, "f8", ("time",), fill_value=False)
-                var.setncatts({"long_name": long_name, "units": units})
-            for name, size in (dims or {}).items():
-                nc.createDimension(name, size)
-            for name, (var_dims, long_name, units) in self.arrays.items():
-                sizes = tuple(len(nc.dimensions[d]) for d in var_dims)
-                var = nc.createVariable(name, "f8", ("time", *var_dims), fill_value=False,
-                                        chunksizes=(1, *sizes))
-                var.setncatts({"long_name": long_name, "units": units})
-            for name, (var_dims, values, long_name, units) in (static or {}).items():
-                var = nc.createVariable(name, "f8", var_dims, fill_value=False)
-                var.setncatts({"long_name": long_name, "units": units})
-                var[:] = np.asarray(values, dtype=float)
-            done = nc.createVariable("snapshot_complete", "i1", ("time",), fill_value=np.int8(0))
-            done.setncatts({"long_name": "1 once every variable of the snapshot is on disk",
-                            "units": "1"})
-            glob = {
-                "Conventions": "CF-1.13",
-                "title": "spherepde run: mean-field self-attention dynamics on S²",
-                "spherepde_version": __version__,
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "config": json.dumps(config),
-                "complete": 0,
-            }
-            glob.update({k: _attr_value(v) for k, v in (attrs or {}).items()})
-            nc.setncatts(glob)
-            if n_snapshots:
-                self._preallocate(int(n_snapshots))
-            nc.sync()
-        except BaseException:
-            nc.close()
+            with self._writing("the file header"):
+                self._define(nc, mesh, dims, static)
+                self._reserve(n_snapshots)
+                glob = {
+                    "Conventions": "CF-1.13",
+                    "title": "spherepde run: mean-field self-attention dynamics on S²",
+                    "spherepde_version": __version__,
+                    "created": timestamp(),
+                    "config": json.dumps(config),
+                    "complete": 0,
+                }
+                glob.update({k: _attr_value(v) for k, v in (attrs or {}).items()})
+                nc.setncatts(glob)
+                nc.setncatts({"layout_digest": _digest(_layout(nc)), "end_digest": _digest(_run_end(nc))})
+                self._flush()
+        except BaseException as exc:
+            self.abort()
+            with contextlib.suppress(OSError):  # a file without its header holds nothing
+                os.unlink(self.path)
+            if isinstance(exc, WriteError):
+                raise WriteError(f"{exc}; nothing was computed yet and no file is left") from exc
             raise
 
-    def _preallocate(self, n):
-        """Write every snapshot slot up front (NaN, snapshot_complete = 0). HDF5 keeps its
-        metadata (chunk index, dimension sizes) in the file; a process killed while a write
-        changes them can leave a file whose variables cannot be read (observed under SIGKILL).
-        With every chunk allocated here, appending a snapshot only overwrites data in place."""
-        nc = self._nc
-        for k in range(n):
-            nc.variables["density"][k, :] = np.nan
-            for name in self.arrays:
-                nc.variables[name][k, ...] = np.nan
-        for name in list(self.variables) + ["time"]:
-            nc.variables[name][:n] = np.full(n, np.nan)
-        nc.variables["snapshot_complete"][:n] = np.zeros(n, dtype=np.int8)
+    def _define(self, nc, mesh, dims, static):
+        # one time index per chunk, each with a checksum (module docstring)
+        def per_time(name, dtype, var_dims=(), sizes=(), **kw):
+            return nc.createVariable(name, dtype, ("time", *var_dims), chunksizes=(1, *sizes),
+                                     fletcher32=True, **kw)
 
-    def append(self, time: float, density, values: dict, arrays: dict | None = None) -> int:
-        """Write one snapshot (density, scalar values, the declared arrays) and flush it to disk;
-        returns its index."""
+        nc.createDimension("cells", mesh.npix)
+        nc.createDimension("time", None)
+        ids = nc.createVariable("cell_ids", "u8", ("cells",), fletcher32=True)
+        ids.setncatts({"grid_name": "healpix", "level": np.int64(mesh.level), "indexing_scheme": "nested"})
+        ids[:] = mesh.cell_ids.astype(np.uint64)
+        crs = nc.createVariable("crs", "i4")
+        crs.setncatts({"grid_mapping_name": "healpix", "refinement_level": np.int64(mesh.level),
+                       "indexing_scheme": "nested"})
+        crs.assignValue(0)
+        time = per_time("time", "f8", fill_value=False)
+        time.setncatts({"units": "1", "axis": "T", "long_name": "time (depth of the network)"})
+        dens = per_time("density", "f8", ("cells",), (mesh.npix,), fill_value=False)
+        dens.setncatts({"long_name": "density f_t w.r.t. surface measure (cell average)",
+                        "units": "sr-1", "grid_mapping": "crs", "coordinates": "cell_ids"})
+        for name, (long_name, units) in self.variables.items():
+            per_time(name, "f8", fill_value=False).setncatts({"long_name": long_name, "units": units})
+        for name, size in (dims or {}).items():
+            nc.createDimension(name, size)
+        for name, (var_dims, long_name, units) in self.arrays.items():
+            sizes = tuple(len(nc.dimensions[d]) for d in var_dims)
+            per_time(name, "f8", var_dims, sizes, fill_value=False).setncatts(
+                {"long_name": long_name, "units": units})
+        for name, (var_dims, values, long_name, units) in (static or {}).items():
+            var = nc.createVariable(name, "f8", var_dims, fill_value=False, fletcher32=True)
+            var.setncatts({"long_name": long_name, "units": units})
+            var[:] = np.asarray(values, dtype=float)
+        per_time("snapshot_complete", "i1", fill_value=np.int8(0)).setncatts(
+            {"long_name": "1 once every variable of the snapshot is on disk", "units": "1"})
+        # no fill value: 0 is a value here (written with every snapshot, before its marker)
+        per_time("snapshot_kind", "i1", fill_value=False).setncatts(
+            {"long_name": "0: regular snapshot; 1: state at a guard failure", "units": "1",
+             "flag_values": np.array([SNAPSHOT_REGULAR, SNAPSHOT_FAILURE], dtype=np.int8),
+             "flag_meanings": "regular failure_state"})
+
+    def _reserve(self, n_snapshots):
+        """Write every snapshot slot now (NaN, marked incomplete), so that the file has its final
+        size before the first step: a disk too small fails here, before anything is computed,
+        and the run itself only rewrites allocated chunks in place. (A flush that fails while
+        it allocates, e.g. the chunk index nodes HDF5 adds every 64 snapshots, leaves nodes
+        referenced but unwritten, and the file no longer opens.)"""
         nc = self._nc
-        k = self._count
-        self._count += 1
-        nc.variables["density"][k, :] = np.asarray(density, dtype=float)
-        for name in self.arrays:
-            nc.variables[name][k, ...] = np.asarray((arrays or {})[name], dtype=float)
-        for name in self.variables:
-            value = values.get(name, math.nan)
-            nc.variables[name][k] = math.nan if value is None else float(value)
-        nc.variables["time"][k] = float(time)
-        nc.sync()
-        # written last, in its own flush: a snapshot interrupted mid-write stays marked 0
-        nc.variables["snapshot_complete"][k] = 1
-        nc.sync()
+        for var in nc.variables.values():
+            if var.dimensions[:1] != ("time",):
+                continue
+            fill = 0 if var.dtype.kind == "i" else math.nan
+            rows = max(1, 2**23 // max(1, int(np.prod(var.shape[1:], dtype=np.int64)) * 8))  # ≤ 8 MiB
+            for k in range(0, n_snapshots, rows):
+                block = np.full((min(rows, n_snapshots - k), *var.shape[1:]), fill, dtype=var.dtype)
+                var[k:k + block.shape[0], ...] = block
+
+    @classmethod
+    def reopen(cls, path, variables: dict, arrays: dict, next_index: int):
+        """Reopen an existing run file to continue it: snapshots are written from next_index on
+        (any later ones, cut or a failure state, are overwritten in place)."""
+        import netCDF4
+
+        self = cls.__new__(cls)
+        self.path = str(path)
+        self.variables = dict(variables)
+        self.arrays = dict(arrays or {})
+        self.next_index = int(next_index)
+        with self._writing("the file (reopened to resume it)"):
+            self._nc = netCDF4.Dataset(self.path, "a")
+        missing = sorted((set(self.variables) | set(self.arrays)) - set(self._nc.variables))
+        if missing:
+            self._nc.close()
+            raise RunFileError(f"{self.path}: cannot resume, the file has no {', '.join(missing)} "
+                               "(written by another spherepde version or config)")
+        return self
+
+    @contextlib.contextmanager
+    def _writing(self, what):
+        """Turn the file system's refusal into one WriteError naming the file and what was written."""
+        try:
+            yield
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, WriteError):
+                raise
+            try:
+                free = f"{shutil.disk_usage(os.path.dirname(os.path.abspath(self.path))).free / 2**20:.1f} MiB free"
+            except OSError:
+                free = "free space unknown"
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise WriteError(f"{self.path}: writing {what} failed ({reason}; {free} on its file system)") from exc
+
+    def _flush(self):
+        self._nc.sync()
+
+    def append(self, time: float, density, values: dict, arrays: dict | None = None,
+               kind: int = SNAPSHOT_REGULAR) -> int:
+        """Write one snapshot (density, scalar values, the declared arrays: NaN where not given)
+        and flush it to disk; returns its index."""
+        nc = self._nc
+        k = self.next_index
+        with self._writing(f"snapshot {k} (t = {time:.6g})"):
+            if k < len(nc.dimensions["time"]) and np.ma.filled(nc.variables["snapshot_complete"][k], 0) == 1:
+                nc.variables["snapshot_complete"][k] = 0  # overwriting a failure state
+                self._flush()
+            nc.variables["density"][k, :] = np.asarray(density, dtype=float)
+            for name in self.arrays:
+                value = (arrays or {}).get(name)
+                var = nc.variables[name]
+                nc.variables[name][k, ...] = (np.full(var.shape[1:], math.nan) if value is None
+                                              else np.asarray(value, dtype=float))
+            for name in self.variables:
+                value = values.get(name, math.nan)
+                nc.variables[name][k] = math.nan if value is None else float(value)
+            nc.variables["snapshot_kind"][k] = kind
+            nc.variables["time"][k] = float(time)
+            self._flush()
+            # written last, in its own flush: a snapshot interrupted mid-write stays marked 0
+            nc.variables["snapshot_complete"][k] = 1
+            self._flush()
+        self.next_index = k + 1
         return k
 
     def set_variable(self, name, values):
-        """Overwrite a whole (time) variable (for quantities only known at the end of the run)."""
-        self._nc.variables[name][:] = np.asarray(values, dtype=float)
+        """Overwrite a (time) variable from the start (for quantities only known at the end)."""
+        values = np.asarray(values, dtype=float)
+        with self._writing(name):
+            self._nc.variables[name][: values.size] = values
 
-    def set_attrs(self, attrs: dict):
-        self._nc.setncatts({k: _attr_value(v) for k, v in attrs.items()})
+    def set_run_attrs(self, attrs: dict, delete=()):
+        """Set (and delete) attributes of the end of the run (RUN_END_ATTRS), with their digest."""
+        unknown = (set(attrs) | set(delete)) - set(RUN_END_ATTRS)
+        if unknown:
+            raise ValueError(f"not an attribute of the end of a run: {sorted(unknown)}")
+        nc = self._nc
+        with self._writing("global attributes"):
+            nc.setncatts({k: _attr_value(v) for k, v in attrs.items()})
+            for name in delete:
+                if name in nc.ncattrs():
+                    nc.delncattr(name)
+            nc.setncattr("end_digest", _digest(_run_end(nc)))
 
     def close(self, complete: bool = True):
         if self._nc.isopen():
             if complete:
-                self._nc.setncattr("complete", 1)
-            self._nc.close()
+                self.set_run_attrs({"complete": 1})
+            with self._writing("the end of the run"):
+                self._nc.close()
+
+    def abort(self):
+        """Close after an error, without raising: what the last successful flush wrote (every
+        complete snapshot) stays readable, since the run never allocates after _reserve."""
+        nc = getattr(self, "_nc", None)
+        if nc is not None and nc.isopen():
+            with contextlib.suppress(OSError, RuntimeError):
+                nc.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.close(complete=exc_type is None)
+        if exc_type is None:
+            self.close(complete=True)
+        else:
+            self.abort()
+
+
+def _load(path):
+    """The whole run file as an xarray.Dataset in memory, every read error as RunFileError."""
+    import xarray as xr
+
+    path = str(path)
+    if not os.path.isfile(path):
+        raise RunFileError(f"{path}: no such file")
+    layout_ok, end_ok = _checked_in_child(path)
+    if not layout_ok:
+        raise RunFileError(f"{path}: damaged run file (its names, dimensions or attributes do not match "
+                           "their checksum layout_digest)")
+    try:
+        with xr.open_dataset(path, engine="netcdf4") as ds:
+            ds = ds.load()
+    except Exception as exc:  # read by the child already: only a file changed meanwhile gets here
+        raise RunFileError(f"{path}: unreadable NetCDF file ({type(exc).__name__}: {exc})") from exc
+    for name in ("density", "time", "snapshot_complete"):
+        if name not in ds.variables:
+            raise RunFileError(f"{path}: not a spherepde run file (no variable {name})")
+    if not end_ok:
+        for name in RUN_END_ATTRS:
+            ds.attrs.pop(name, None)
+        ds.attrs.update(complete=0, warning="the attributes of the end of the run do not match their "
+                        "checksum (damaged, or written when the run was killed): dropped, --resume recomputes them")
+    return ds
+
+
+def _checked_in_child(path):
+    """_verify(path), run in a forked child: HDF5 can loop forever or crash on a damaged file
+    (measured: a flipped bit in its global heap), and a failed open leaves the file open in the
+    library (a later read of the same file, rewritten, would see the old one). The child is
+    killed after a generous time; a read error comes back as its message. Raises RunFileError."""
+    if not hasattr(os, "fork"):
+        return _verify(path)
+    timeout = PARSE_SECONDS + os.path.getsize(path) / 20e6  # reading at 20 MB/s, plus a margin
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():  # Python ≥ 3.12 warns about fork with threads (numba's)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: nothing on stderr, no cleanup of the parent's state
+        message = "crashed"
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            import faulthandler
+
+            faulthandler.disable()
+            message = json.dumps(_verify(path))
+        except BaseException as exc:  # netCDF/HDF5 report damage as OSError, RuntimeError, ...
+            message = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_end, message.encode()[:60000])
+            os._exit(0)
+    os.close(write_end)
+    deadline = _time.monotonic() + timeout
+    try:
+        while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+            if _time.monotonic() > deadline:
+                raise RunFileError(f"{path}: damaged NetCDF file (HDF5 did not finish reading it in {timeout:.0f} s)")
+            _time.sleep(0.002)
+        message = os.read(read_end, 65536).decode("utf-8", "replace")
+    except BaseException:  # a hang, or Ctrl-C while waiting: no child left behind
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
+    finally:
+        os.close(read_end)
+    if os.WIFSIGNALED(done[1]):
+        raise RunFileError(f"{path}: damaged NetCDF file (HDF5 crashed reading it: signal {os.WTERMSIG(done[1])})")
+    try:
+        return tuple(json.loads(message))
+    except ValueError:
+        busy = f"; a run may be writing it ({path}.lock exists)" if os.path.exists(f"{path}.lock") else ""
+        raise RunFileError(f"{path}: unreadable or damaged NetCDF file ({message}){busy}") from None
+
+
+def _verify(path):
+    """Read all of the file: (layout intact, run-end attributes intact) by its digests (True
+    for files without them). Raises what netCDF4 raises on a damaged file."""
+    import netCDF4
+
+    with netCDF4.Dataset(path) as nc:
+        for var in nc.variables.values():
+            var[...]  # every chunk, so that its checksum is checked
+        names = nc.ncattrs()
+        layout_ok = "layout_digest" not in names or nc.getncattr("layout_digest") == _digest(_layout(nc))
+        end_ok = "end_digest" not in names or nc.getncattr("end_digest") == _digest(_run_end(nc))
+    return layout_ok, end_ok
+
+
+def _snapshot_flags(ds):
+    """(complete, kind) per time index; files from before snapshot_kind are all regular."""
+    complete = ds["snapshot_complete"].values == 1
+    kind = ds["snapshot_kind"].values if "snapshot_kind" in ds else np.zeros(complete.size, dtype=np.int8)
+    return complete, kind
 
 
 def open_run(path):
     """Open a run file as an xarray.Dataset, loaded into memory (the file is not kept open).
 
     The resolved config is the JSON string ds.attrs["config"]; ds.attrs["complete"] is 1 when the
-    run finished, 0 when it was interrupted. A snapshot cut short by a kill (snapshot_complete
-    not 1) is dropped, so every snapshot returned was completely written.
+    run finished, 0 when it was interrupted or failed (then ds.attrs["failure"] says why and the
+    last snapshot, snapshot_kind = 1, is the state at failure). A snapshot cut short by a kill
+    (snapshot_complete not 1) is dropped, so every snapshot returned was completely written.
+    Raises RunFileError, naming the path, for a missing, unreadable, damaged or foreign file.
     """
-    import xarray as xr
-
-    with xr.open_dataset(path, engine="netcdf4") as ds:
-        ds = ds.load()
-    if "snapshot_complete" in ds:
-        ds = ds.isel(time=np.nonzero(ds["snapshot_complete"].values == 1)[0])  # drops unwritten slots
+    ds = _load(path)
+    complete, kind = _snapshot_flags(ds)
+    ds = ds.isel(time=np.nonzero(complete)[0])
+    times = ds["time"].values[kind[complete] == SNAPSHOT_REGULAR]
+    if not np.all(np.isfinite(times)) or np.any(np.diff(times) <= 0):
+        raise RunFileError(f"{path}: damaged run file (snapshot times not increasing: {times})")
     return ds
+
+
+class ResumePoint:
+    """What a run file holds for --resume: index of the last snapshot of the complete regular
+    prefix, the config, the per-time records up to it, and its density and arrays."""
+
+    def __init__(self, path, ds, index):
+        self.path, self.index = str(path), index
+        self.config = json.loads(ds.attrs["config"])
+        self.complete = int(ds.attrs.get("complete", 0)) == 1
+        scalars = [n for n, v in ds.data_vars.items() if v.dims == ("time",)]
+        self.records = [{n: float(ds[n].values[k]) for n in scalars} | {"time": float(ds["time"].values[k])}
+                        for k in range(index + 1)]
+        self.density = ds["density"].values[index]
+        self.arrays = {n: v.values[index] for n, v in ds.data_vars.items()
+                       if v.dims[:1] == ("time",) and len(v.dims) > 1 and n != "density"}
+        self.attrs = dict(ds.attrs)
+
+
+def read_resume_point(path) -> ResumePoint:
+    """The last snapshot a run can continue from: the end of the prefix of complete, regular
+    snapshots. Raises RunFileError if there is none or the file is not a readable run file."""
+    ds = _load(path)
+    if "config" not in ds.attrs:
+        raise RunFileError(f"{path}: not a spherepde run file (no config attribute)")
+    complete, kind = _snapshot_flags(ds)
+    good = complete & (kind == SNAPSHOT_REGULAR)
+    prefix = int(np.argmin(good)) if not good.all() else good.size
+    if prefix == 0:
+        raise RunFileError(f"{path}: cannot resume, no complete snapshot (start again without --resume)")
+    try:
+        return ResumePoint(path, ds, prefix - 1)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunFileError(f"{path}: cannot resume, damaged run file ({type(exc).__name__}: {exc})") from exc

@@ -26,6 +26,7 @@ import xarray as xr
 from numba import njit, prange
 
 from .attention import attention_field, project_velocity, zero_temperature_field
+from .guards import Guards, check_model
 from .timeline import save_times
 
 __all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES"]
@@ -98,6 +99,7 @@ class ParticleSolver:
             hardmax = model.zero_temperature and not carry_density
         if hardmax and carry_density:
             raise ValueError("hardmax tokens have no divergence: carry_density needs the mean-field limit")
+        check_model(model.B, model.V, model.beta)
         self.hardmax = bool(hardmax) and model.zero_temperature
         self.evaluations = 0
 
@@ -139,9 +141,16 @@ class ParticleSolver:
             return x_new, None
         return x_new, log_f - dt / 6 * (k_f[0] + 2 * k_f[1] + 2 * k_f[2] + k_f[3])
 
-    def snapshots(self, x0, weights, times, log_f0=None):
-        """Yield (k, t, x, log_f) at each of the increasing times (times[0] is the start)."""
-        x = _normalise(np.array(x0, dtype=float))
+    def snapshots(self, x0, weights, times, log_f0=None, resume_from: int | None = None):
+        """Yield (k, t, x, log_f) at each of the increasing times (times[0] is the start).
+
+        resume_from: x0 (and log_f0) are the state saved at times[resume_from], taken as they
+        are (not normalised again, so the continuation is exact); the snapshots after it are
+        yielded. Raises RunFailure (spherepde.guards) on a non-finite position or log-density.
+        """
+        x = np.array(x0, dtype=float)
+        if resume_from is None:
+            x = _normalise(x)
         w = np.asarray(weights, dtype=float)
         if x.ndim != 2 or x.shape[1] != 3 or w.shape != (x.shape[0],):
             raise ValueError("positions must be (n, 3) and weights (n,)")
@@ -150,17 +159,19 @@ class ParticleSolver:
         if self.carry_density and log_f0 is None:
             raise ValueError("carry_density needs the initial log-density log_f0")
         log_f = None if not self.carry_density else np.array(log_f0, dtype=float)
-        yield 0, float(times[0]), x, log_f
-        t = float(times[0])
-        for k, t_next in enumerate(times[1:], start=1):
+        first = 0 if resume_from is None else resume_from
+        if resume_from is None:
+            yield 0, float(times[0]), x, log_f
+        t = float(times[first])
+        for k in range(first + 1, len(times)):
+            t_next = times[k]
             while t < t_next:
                 remaining = t_next - t
                 # take the fixed dt, but never leave a sliver shorter than dt/1000 before a save
                 dt = remaining if remaining <= self.dt * 1.001 else self.dt
                 x, log_f = self.step(x, log_f, w, dt)
                 t = t_next if dt == remaining else t + dt
-                if not np.all(np.isfinite(x)):
-                    raise FloatingPointError(f"non-finite particle position at t = {t:.6g}")
+                Guards.particles(t, x, log_f)
             yield k, t, x, log_f
 
     def run(self, x0, weights, t_end: float, save_every: float, log_f0=None) -> xr.Dataset:

@@ -5,20 +5,34 @@ as soon as each snapshot exists, computes its diagnostics (spherepde.diagnostics
 quadrature measure Σ_c Σ_q f_c A w_q δ_{x_cq}) and appends it to the NetCDF file (spherepde.io).
 Quantities that depend on the paper constant C₀ use the user's C₀ or, by default, the largest
 sup div v seen so far; at the end of the run they are rewritten with the final C₀.
+
+When things go wrong (README, "Failure behaviour"):
+- a guard fires (spherepde.guards.RunFailure): the state at failure is appended as a last
+  snapshot with snapshot_kind = 1, the global attribute `failure` holds the message, and the
+  RunFailure is raised again;
+- the file system refuses a write (spherepde.io.WriteError): the file is left readable with
+  every complete snapshot and the WriteError is raised again;
+- `execute(..., resume=True)` continues an interrupted run from the last complete snapshot of
+  its file: every piece of solver state is read back (the density and the stepper's state from
+  the Eulerian record, positions and carried log-densities of the particles), so the result
+  equals the uninterrupted run's.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time as _time
+from typing import NamedTuple
 
 import numpy as np
 
-from .config import build_initial_law, build_model
+from .config import build_initial_law, build_model, difference
 from .diagnostics import DIAGNOSTIC_META, MeasureDiagnostics, lyapunov_cell_averages, w2_binned
-from .eulerian import SNAPSHOT_META, EulerianSolver
-from .io import RunWriter
+from .eulerian import SNAPSHOT_META, EulerianSolver, SolverState
+from .guards import Guards, RunFailure
+from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, read_resume_point, timestamp
 from .mesh import HealpixMesh
 from .particles import ParticleSolver, quadrature_particles, tokens_from_law
 from .timeline import progress_bar, save_times
@@ -51,30 +65,267 @@ class _CellMeasure:
         return float(f[charged] @ self._lyapunov_cells[charged] / f.sum())
 
 
+class _Particles(NamedTuple):
+    """The [particles] section built: the rng record (seed and bit-generator state after
+    sampling, tokens only) lets a stochastic scheme resume."""
+
+    solver: ParticleSolver
+    x0: np.ndarray
+    weights: np.ndarray
+    log_f0: np.ndarray | None
+    rng: dict | None
+
+
 def _particle_setup(config, model, law, mesh):
-    """(solver, x0, weights, log_f0) of the [particles] section, or None."""
+    """The _Particles of the [particles] section, or None."""
     pt = config["particles"]
     if not pt:
         return None
     if pt["mode"] == "tokens":
-        x0, weights = tokens_from_law(law, pt["n"], pt["seed"])
+        rng = np.random.default_rng(pt["seed"])
+        x0, weights = tokens_from_law(law, pt["n"], rng)
         log_f0 = None
+        rng_record = {"seed": pt["seed"], "bit_generator_state": rng.bit_generator.state}
     else:
         x0, weights, log_f0 = quadrature_particles(mesh, law)
+        rng_record = None
     solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=pt["mode"] == "quadrature")
-    return solver, x0, weights, log_f0
+    return _Particles(solver, x0, weights, log_f0, rng_record)
 
 
 PARTICLE_META = {f"particle_{k}": (f"particles: {v[0]}", v[1]) for k, v in DIAGNOSTIC_META.items()}
 PARTICLE_META["w2_eulerian_particles"] = (
     "W₂ between the Eulerian and the particle measures (discrete OT on HEALPix bins)", "1")
+PARTICLE_META["particle_field_evaluations"] = ("particle field evaluations since t = 0", "1")
 CARRIED_META = {
     "particle_min_density": ("min over quadrature particles of the carried density", "sr-1"),
     "particle_max_density": ("max over quadrature particles of the carried density", "sr-1"),
 }
 
 
-def execute(config: dict, path, progress: bool | None = None, log=print, snapshot_log=None) -> dict:
+class _Setup:
+    """What a run builds before its first step: model, mesh, f0, solvers, diagnostics, and the
+    layout of the file (variables, attrs, dims, arrays, static)."""
+
+    def __init__(self, config):
+        eul, dg = config["eulerian"], config["diagnostics"]
+        self.config = config
+        self.model = model = build_model(config["model"])
+        law = build_initial_law(config["initial"])
+        self.mesh = mesh = HealpixMesh(eul["nside"])
+        self.f0 = f0 = law.cell_averages(mesh)
+        self.solver = EulerianSolver(mesh, model, scheme=eul["scheme"], cfl=eul["cfl"],
+                                     rk_order=eul["rk_order"], guards=Guards(**config["guards"]))
+        self.measure = measure = _CellMeasure(mesh, model, dg["p"])
+        self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
+                                              w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
+        self.particles = _particle_setup(config, model, law, mesh)
+        self.C0_user, self.C1 = dg["C0"], dg["C1"]
+        self.ell0 = float(f0.min())
+        self.variables = dict(SOLVER_META)
+        self.variables.update(DIAGNOSTIC_META)
+        self.variables["w2_bound_zero_temperature"] = (
+            "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞", "1")
+        if self.C1 is not None and not model.zero_temperature:
+            self.variables["w2_bound_finite_beta"] = (
+                "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
+        self.attrs = {
+            "nside": mesh.nside, "scheme": eul["scheme"], "cfl": eul["cfl"], "rk_order": eul["rk_order"],
+            "beta": "inf" if model.zero_temperature else model.beta,
+            "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
+            "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,
+            "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
+            "initial_law": repr(law), "ell0": self.ell0, "lyapunov_p": dg["p"],
+            "lyapunov_initial": self.diagnostics.lyapunov0, "w2_method": self.diagnostics.w2_method,
+            "diagnostics_measure": (f"cell averages on an exact-area rule of order {QUADRATURE_ORDER} per cell; "
+                                    "V_p with the singular integrand integrated adaptively per cell"),
+        }
+        self.dims, self.arrays, self.static = {}, {}, {}
+        if self.particles:
+            psolver, x0, pweights, log_f0, rng_record = self.particles
+            self.pdiag = MeasureDiagnostics(model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
+            self.variables.update(PARTICLE_META)
+            self.dims = {"particle": x0.shape[0], "xyz": 3}
+            self.arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
+            self.static["particle_weights"] = (("particle",), pweights, "particle weights (mass)", "1")
+            if log_f0 is not None:
+                self.variables.update(CARRIED_META)
+                self.arrays["particle_density"] = (("particle",), "density carried along the characteristic", "sr-1")
+                # the state itself: exp and log do not round-trip exactly
+                self.arrays["particle_log_density"] = (("particle",), "log of the carried density", "1")
+            self.attrs.update({"particle_mode": config["particles"]["mode"], "particle_scheme": psolver.scheme,
+                               "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
+                               "particle_lyapunov_initial": self.pdiag.lyapunov0})
+            if rng_record is not None:
+                self.attrs["particle_rng"] = rng_record
+        # the attributes of the end of the run, with placeholder values of the final types: set
+        # at the end, they then replace existing ones instead of growing the file
+        self.attrs.update({"C0": math.nan if self.C0_user is None else self.C0_user,
+                           "C0_source": "user" if self.C0_user is not None else "largest sup div v seen in the run",
+                           "C1": self.C1, "steps": 0, "rejected_steps": 0, "wall_seconds": math.nan})
+        if self.particles:
+            self.attrs["particle_field_evaluations"] = 0
+
+    def writer(self, path, n_snapshots):
+        return RunWriter(path, self.mesh, self.config, self.variables, self.attrs, dims=self.dims,
+                         arrays=self.arrays, static=self.static, n_snapshots=n_snapshots)
+
+    def paper_curves(self, times, c0):
+        times = np.asarray(times, dtype=float)
+        out = {"lower_bound_paper": 0.5 * self.ell0 * np.exp(-c0 * times)}
+        curves = self.diagnostics.theory_curves(times, C0=c0, C1=self.C1)
+        out.update({k: v for k, (v, _) in curves.items()})
+        return out
+
+    def snapshot(self, t, f, rec, c0, particle_state):
+        """(values, arrays) of a regular snapshot: the solver record and every diagnostic."""
+        values = dict(rec)
+        cell_weights = self.measure.weights(f)
+        values.update(self.diagnostics(self.measure.points, cell_weights, lyapunov_value=self.measure.lyapunov(f)))
+        values.update({name: float(v[0]) for name, v in self.paper_curves([t], c0).items()})
+        arrays = {}
+        if particle_state is not None:
+            psolver, pweights = self.particles.solver, self.particles.weights
+            x, log_f = particle_state
+            values.update({f"particle_{n}": v for n, v in self.pdiag(x, pweights).items()})
+            values["w2_eulerian_particles"] = w2_binned(self.measure.points, cell_weights, x, pweights,
+                                                        nside=self.config["diagnostics"]["w2_nside"])
+            values["particle_field_evaluations"] = psolver.evaluations
+            arrays["positions"] = x
+            if log_f is not None:
+                density = np.exp(log_f)
+                arrays.update(particle_density=density, particle_log_density=log_f)
+                values["particle_min_density"] = float(density.min())
+                values["particle_max_density"] = float(density.max())
+        return values, arrays
+
+    def failure_snapshot(self, failure):
+        """(density, values, arrays) of the state at failure; what the failing solver did not
+        have is NaN."""
+        f = failure.density if failure.density is not None else np.full(self.mesh.npix, math.nan)
+        values = {"mass": self.mesh.integrate(f), "min_density": float(np.min(f)),
+                  "max_density": float(np.max(f))}
+        arrays = {}
+        if failure.positions is not None:
+            arrays["positions"] = failure.positions
+        if failure.log_density is not None:
+            with np.errstate(all="ignore"):
+                arrays.update(particle_log_density=failure.log_density, particle_density=np.exp(failure.log_density))
+        return f, values, arrays
+
+
+def _resume_point(setup, path, times):
+    """The file's resume point, checked against this config; RunFileError if it does not fit."""
+    config = json.loads(json.dumps(setup.config))  # as the file stores it
+    point = read_resume_point(path)
+    diff = difference(point.config, config)
+    if diff is not None:
+        raise RunFileError(f"{path}: cannot resume with a different config ({diff})")
+    stored = [r["time"] for r in point.records]
+    if stored != times[: len(stored)]:
+        raise RunFileError(f"{path}: cannot resume, its snapshot times differ from the config's")
+    if setup.particles and setup.particles.rng is not None:
+        if json.loads(point.attrs.get("particle_rng", "null")) != json.loads(json.dumps(setup.particles.rng)):
+            raise RunFileError(f"{path}: cannot resume, the particles' random stream differs from the file's")
+    return point
+
+
+class _Start(NamedTuple):
+    """Where the solvers start: None for t = 0, else the state read from the file."""
+
+    eulerian: SolverState | None = None
+    positions: np.ndarray | None = None
+    log_density: np.ndarray | None = None
+
+
+def _reopen(setup, path, point, times):
+    """(writer, records, start) continuing the run in the file from its resume point."""
+    writer = RunWriter.reopen(path, setup.variables, setup.arrays, point.index + 1)  # checks the layout
+    records = point.records
+    start = _Start(SolverState.from_record(point.index, point.density, records[-1]))
+    if setup.particles:
+        setup.particles.solver.evaluations = int(records[-1]["particle_field_evaluations"])
+        start = start._replace(positions=point.arrays["positions"],
+                               log_density=point.arrays.get("particle_log_density"))
+    entry = f"{timestamp()}: resumed from snapshot {point.index} (t = {times[point.index]:g})"
+    if setup.config["guards"] != point.config.get("guards"):  # the one section that may change
+        entry += f" with [guards] {json.dumps(setup.config['guards'])}"
+    history = point.attrs.get("history", "")
+    try:  # a failure is forgotten
+        writer.set_run_attrs({"history": (history + "\n" if history else "") + entry},
+                             delete=("failure", "failure_time"))
+    except BaseException:
+        writer.abort()
+        raise
+    return writer, records, start
+
+
+def _advance(setup, writer, times, records, start, bar, snapshot_log):
+    """Both solvers in lockstep from the start to the end, each snapshot appended to the file and
+    to records as soon as it exists."""
+    particle_iter = None
+    if setup.particles:
+        psolver, x0, weights, log_f0, _ = setup.particles
+        if start.eulerian is None:
+            particle_iter = psolver.snapshots(x0, weights, times, log_f0)
+        else:
+            particle_iter = psolver.snapshots(start.positions, weights, times, start.log_density,
+                                              resume_from=start.eulerian.index)
+    max_sup_div = max((r["sup_div"] for r in records), default=-math.inf)
+    for _, t, f, rec in setup.solver.snapshots(setup.f0, times, start=start.eulerian):
+        max_sup_div = max(max_sup_div, rec["sup_div"])
+        c0 = setup.C0_user if setup.C0_user is not None else max_sup_div
+        particle_state = next(particle_iter)[2:] if particle_iter is not None else None
+        values, arrays = setup.snapshot(t, f, rec, c0, particle_state)
+        index = writer.append(t, f, values, arrays)
+        records.append(values)
+        if bar is not None:
+            bar.update(t - bar.n)
+        if snapshot_log is not None:
+            print(f"snapshot {index} t = {t:.6g} written: min f = {rec['min_density']:.4e}, "
+                  f"alignment E = {values['alignment_E']:.4f}", file=snapshot_log, flush=True)
+
+
+def _record_failure(setup, writer, failure, records, wall):
+    """The state at failure as the last snapshot, the message as the attribute `failure`."""
+    density, values, arrays = setup.failure_snapshot(failure)
+    try:
+        writer.append(failure.time, density, values, arrays, kind=SNAPSHOT_FAILURE)
+        writer.set_run_attrs({"failure": str(failure), "failure_time": failure.time, "wall_seconds": wall})
+        writer.close(complete=False)
+    except WriteError as exc:
+        raise WriteError(f"a guard stopped the run ({failure}), then {exc}") from exc
+    failure.kept = len(records)
+
+
+def _summary(path, times, records, wall, particles):
+    mass = np.array([r["mass"] for r in records])
+    return {
+        "path": str(path), "t_end": times[-1], "snapshots": len(records),
+        "steps": int(records[-1]["steps"]), "rejected_steps": int(records[-1]["steps_rejected"]),
+        "mass_drift": float(np.abs(mass - mass[0]).max()),
+        "min_density": min(r["min_density"] for r in records), "wall_seconds": wall,
+        "particles": particles.x0.shape[0] if particles else 0,
+    }
+
+
+def _finish(setup, writer, path, times, records, wall):
+    """The quantities known only at the end (C₀ and the curves that depend on it, the step
+    counts), then `complete` = 1. Returns the summary."""
+    c0 = max(r["sup_div"] for r in records) if setup.C0_user is None else setup.C0_user
+    for name, values in setup.paper_curves([r["time"] for r in records], c0).items():
+        writer.set_variable(name, values)
+    summary = _summary(path, times, records, wall, setup.particles)
+    end = {"C0": c0, "steps": summary["steps"], "rejected_steps": summary["rejected_steps"], "wall_seconds": wall}
+    if setup.particles:
+        end["particle_field_evaluations"] = setup.particles.solver.evaluations
+    writer.set_run_attrs(end)
+    writer.close(complete=True)
+    return summary
+
+
+def execute(config: dict, path, progress: bool | None = None, log=print, snapshot_log=None,
+            resume: bool = False) -> dict:
     """Run a resolved config, writing the NetCDF file at path. Returns a summary dict.
 
     The Eulerian solver and, with a [particles] section, the particle solver advance in lockstep
@@ -82,120 +333,47 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
     the file as soon as it exists.
     progress: tqdm bar on simulation time (default: when stderr is a terminal). log: where the
     one-line summary goes. snapshot_log: a text stream that gets a line per written snapshot.
+    resume: continue the run in the existing file at path from its last complete snapshot (a
+    finished run is left alone: summary["already_complete"]).
+    Raises RunFailure (a guard fired; failure.kept: the regular snapshots in the file),
+    WriteError (the file system refused a write) and RunFileError (resume: the file does not fit
+    the config or cannot be read).
     """
-    start = _time.perf_counter()
-    eul, tm, dg = config["eulerian"], config["time"], config["diagnostics"]
-    model = build_model(config["model"])
-    law = build_initial_law(config["initial"])
-    mesh = HealpixMesh(eul["nside"])
-    f0 = law.cell_averages(mesh)
-    solver = EulerianSolver(mesh, model, scheme=eul["scheme"], cfl=eul["cfl"], rk_order=eul["rk_order"])
-    measure = _CellMeasure(mesh, model, dg["p"])
-    diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
-                                     w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
-    particles = _particle_setup(config, model, law, mesh)
-    C0_user, C1 = dg["C0"], dg["C1"]
-    variables = dict(SOLVER_META)
-    variables.update(DIAGNOSTIC_META)
-    variables["w2_bound_zero_temperature"] = (
-        "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞", "1")
-    if C1 is not None and not model.zero_temperature:
-        variables["w2_bound_finite_beta"] = ("2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
-    ell0 = float(f0.min())
-    attrs = {
-        "nside": mesh.nside, "scheme": eul["scheme"], "cfl": eul["cfl"], "rk_order": eul["rk_order"],
-        "beta": "inf" if model.zero_temperature else model.beta,
-        "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
-        "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,
-        "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
-        "initial_law": repr(law), "ell0": ell0, "lyapunov_p": dg["p"],
-        "lyapunov_initial": diagnostics.lyapunov0, "w2_method": diagnostics.w2_method,
-        "diagnostics_measure": (f"cell averages on an exact-area rule of order {QUADRATURE_ORDER} per cell; "
-                                "V_p with the singular integrand integrated adaptively per cell"),
-    }
-    dims, arrays, static = {}, {}, {}
-    if particles:
-        psolver, x0, pweights, log_f0 = particles
-        pdiag = MeasureDiagnostics(model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
-        variables.update(PARTICLE_META)
-        dims = {"particle": x0.shape[0], "xyz": 3}
-        arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
-        static["particle_weights"] = (("particle",), pweights, "particle weights (mass)", "1")
-        if log_f0 is not None:
-            variables.update(CARRIED_META)
-            arrays["particle_density"] = (("particle",), "density carried along the characteristic", "sr-1")
-        attrs.update({"particle_mode": config["particles"]["mode"], "particle_scheme": psolver.scheme,
-                      "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
-                      "particle_lyapunov_initial": pdiag.lyapunov0})
-
-    def paper_curves(times, c0):
-        times = np.asarray(times, dtype=float)
-        out = {"lower_bound_paper": 0.5 * ell0 * np.exp(-c0 * times)}
-        curves = diagnostics.theory_curves(times, C0=c0, C1=C1)
-        out.update({k: v for k, (v, _) in curves.items()})
-        return out
-
-    times = save_times(tm["t_end"], tm["save_every"])
+    clock = _time.perf_counter()
+    setup = _Setup(config)
+    times = save_times(config["time"]["t_end"], config["time"]["save_every"])
+    if resume:
+        point = _resume_point(setup, path, times)
+        if point.complete:
+            if log is not None:
+                log(f"spherepde run: {path} is already complete ({len(point.records)} snapshots, "
+                    f"t = {point.records[-1]['time']:g}); nothing to do")
+            return _summary(path, times, point.records, 0.0, setup.particles) | {"already_complete": True}
+        writer, records, start = _reopen(setup, path, point, times)
+    else:
+        writer, records, start = setup.writer(path, len(times)), [], _Start()
     if progress is None:
         progress = sys.stderr.isatty()
-    bar = progress_bar(tm["t_end"]) if progress else None
-    records = []
-    max_sup_div = -math.inf
-    writer = RunWriter(path, mesh, config, variables, attrs, dims=dims, arrays=arrays, static=static,
-                       n_snapshots=len(times))
+    bar = progress_bar(times[-1]) if progress else None
     try:
-        particle_iter = psolver.snapshots(x0, pweights, times, log_f0) if particles else None
-        for k, t, f, rec in solver.snapshots(f0, times):
-            max_sup_div = max(max_sup_div, rec["sup_div"])
-            c0 = C0_user if C0_user is not None else max_sup_div
-            values = dict(rec)
-            cell_weights = measure.weights(f)
-            values.update(diagnostics(measure.points, cell_weights, lyapunov_value=measure.lyapunov(f)))
-            values.update({name: float(v[0]) for name, v in paper_curves([t], c0).items()})
-            snapshot_arrays = {}
-            if particle_iter is not None:
-                _, _, x, log_f = next(particle_iter)
-                values.update({f"particle_{n}": v for n, v in pdiag(x, pweights).items()})
-                values["w2_eulerian_particles"] = w2_binned(measure.points, cell_weights, x, pweights,
-                                                            nside=dg["w2_nside"])
-                snapshot_arrays["positions"] = x
-                if log_f is not None:
-                    density = np.exp(log_f)
-                    snapshot_arrays["particle_density"] = density
-                    values["particle_min_density"] = float(density.min())
-                    values["particle_max_density"] = float(density.max())
-            index = writer.append(t, f, values, snapshot_arrays)
-            records.append(values)
-            if bar is not None:
-                bar.update(t - bar.n)
-            if snapshot_log is not None:
-                print(f"snapshot {index} t = {t:.6g} written: min f = {rec['min_density']:.4e}, "
-                      f"alignment E = {values['alignment_E']:.4f}", file=snapshot_log, flush=True)
+        try:
+            _advance(setup, writer, times, records, start, bar, snapshot_log)
+        except RunFailure as failure:
+            _record_failure(setup, writer, failure, records, _time.perf_counter() - clock)
+            raise
         if bar is not None:
             bar.close()
-        c0 = max_sup_div if C0_user is None else C0_user
-        for name, values in paper_curves([r["time"] for r in records], c0).items():
-            writer.set_variable(name, values)
-        wall = _time.perf_counter() - start
-        mass = np.array([r["mass"] for r in records])
-        summary = {
-            "path": str(path), "t_end": times[-1], "snapshots": len(records),
-            "steps": int(records[-1]["steps"]), "rejected_steps": int(solver.last_run["rejected"]),
-            "mass_drift": float(np.abs(mass - mass[0]).max()),
-            "min_density": min(r["min_density"] for r in records), "wall_seconds": wall,
-        }
-        writer.set_attrs({"C0": c0, "C0_source": "user" if C0_user is not None else "largest sup div v seen in the run",
-                          "C1": C1, "steps": summary["steps"], "rejected_steps": summary["rejected_steps"],
-                          "wall_seconds": wall})
-        if particles:
-            writer.set_attrs({"particle_field_evaluations": psolver.evaluations})
-        writer.close(complete=True)
+        summary = _finish(setup, writer, path, times, records, _time.perf_counter() - clock)
+    except WriteError as exc:
+        writer.abort()
+        raise WriteError(f"{exc}; complete snapshots kept in the file: {len(records)} "
+                         "(continue with --resume once the cause is fixed)") from exc
     except BaseException:
-        writer.close(complete=False)
+        writer.abort()
         raise
     if log is not None:
-        extra = f", {x0.shape[0]} particles" if particles else ""
-        log(f"spherepde run: t = {summary['t_end']:g} in {wall:.1f} s, {summary['steps']} steps "
+        extra = f", {summary['particles']} particles" if setup.particles else ""
+        log(f"spherepde run: t = {summary['t_end']:g} in {summary['wall_seconds']:.1f} s, {summary['steps']} steps "
             f"({summary['rejected_steps']} rejected){extra}, {summary['snapshots']} snapshots, "
             f"mass drift {summary['mass_drift']:.1e}, min density {summary['min_density']:.3e} → {path}")
     return summary

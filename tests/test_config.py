@@ -42,6 +42,13 @@ BAD = [
     ("particle n", lambda t: t + "\n[particles]\nn = 0\n", ["[particles] n"]),
     ("particle dt", lambda t: t + "\n[particles]\ndt = 0.5\n", ["[particles] dt", "save_every"]),
     ("particle key", lambda t: t + "\n[particles]\nsize = 5\n", ["[particles] size", "unknown key"]),
+    ("huge matrix", lambda t: t.replace("[0.0, 0.0, -2.0]]", "[0.0, 0.0, -2e60]]"), ["[model] V", "largest entry", "1e+50"]),
+    ("tiny matrix", lambda t: t.replace("B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]",
+                                        "B = [[-1e-60, 0.0, 0.0], [0.0, -1e-60, 0.0], [0.0, 0.0, 1e-60]]"),
+     ["[model] B", "largest entry"]),
+    ("guard tolerance", lambda t: t + "\n[guards]\nmass_tolerance = -1.0\n", ["[guards] mass_tolerance", "> 0"]),
+    ("guard key", lambda t: t + "\n[guards]\nnan_check = false\n", ["[guards] nan_check", "unknown key"]),
+    ("guard dt_floor", lambda t: t + '\n[guards]\ndt_floor = "small"\n', ["[guards] dt_floor", "a number"]),
 ]
 
 
@@ -118,6 +125,23 @@ def test_resolve_defaults_and_overrides(tmp_path):
     assert parse_override("initial.kind=vmf") == ("initial", "kind", "vmf")
     with pytest.raises(ConfigError, match=r"\[model\] B"):
         resolve(apply_overrides(load(cfg), ["model.beta=inf", "model.B=[[1,0,0],[0,1,0],[0,0,0]]"]))
+
+
+def test_guards_section_defaults_and_values(tmp_path):
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    assert resolve(load(cfg))["guards"] == {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12}
+    r = resolve(apply_overrides(load(cfg), ["guards.negative_tolerance=0", "guards.dt_floor=1e-9"]))
+    assert r["guards"]["negative_tolerance"] == 0.0 and r["guards"]["dt_floor"] == 1e-9
+
+
+def test_config_difference_names_the_first_setting():
+    from spherepde.config import difference
+
+    a = {"model": {"beta": 10.0, "B": 1}, "output": {"path": "a.nc"}, "guards": {"dt_floor": 1e-12}}
+    assert difference(a, {**a, "output": {"path": "b.nc"}, "guards": {"dt_floor": 1.0}}) is None
+    assert difference(a, {**a, "model": {"beta": 30.0, "B": 1}}) == "[model] beta: 10.0 in the file, 30.0 now"
+    assert difference(a, {**a, "particles": {"n": 5}}) == "[particles]: None in the file, {'n': 5} now"
 
 
 def test_example_configs_resolve():

@@ -3,10 +3,7 @@ solver, a killed run keeps its snapshots, and `spherepde plot`."""
 
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import healpy as hp
@@ -20,6 +17,7 @@ from spherepde.config import build_initial_law, build_model, load, resolve
 from spherepde.eulerian import EulerianSolver
 from spherepde.io import open_run
 from spherepde.mesh import HealpixMesh
+from run_helpers import start_run, wait_for_snapshots
 from run_configs import PAPER_VMF_CONFIG
 
 CONFIG = PAPER_VMF_CONFIG + """
@@ -118,18 +116,11 @@ def test_killed_run_keeps_every_snapshot(tmp_path):
     assert main(["run", str(cfg), "-o", str(full)]) == 0
     reference = open_run(full)
     rng = np.random.default_rng(1)
-    env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
     for trial in range(4):
         out = tmp_path / f"killed{trial}.nc"
-        proc = subprocess.Popen([sys.executable, "-m", "spherepde.cli", "run", str(cfg), "-o", str(out), "-v"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        proc = start_run(cfg, "-o", out)
         target = int(rng.integers(1, 20))
-        written = 0
-        for line in proc.stderr:
-            if line.startswith("snapshot"):
-                written += 1
-                if written == target:
-                    break
+        written = wait_for_snapshots(proc, target)
         time.sleep(rng.uniform(0.0, 0.05))
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -11,13 +11,22 @@ import math
 
 import numpy as np
 
-__all__ = ["SSP_RK", "SSPStepper"]
+__all__ = ["SSP_RK", "SSPStepper", "StepSizeCollapse"]
 
 # (a_i, b_i, c_i) per stage, c_i the time fraction at which L is evaluated in stage i.
 SSP_RK = {
     2: ((0.0, 1.0, 0.0), (0.5, 0.5, 1.0)),
     3: ((0.0, 1.0, 0.0), (0.75, 0.25, 1.0), (1.0 / 3.0, 2.0 / 3.0, 0.5)),
 }
+
+
+class StepSizeCollapse(FloatingPointError):
+    """The Courant-limited step fell below dt_floor. Carries where: t, dt, the cell of the fastest
+    outflow (the one that limits dt) and the density f at t (the state the step started from)."""
+
+    def __init__(self, t, dt, cell, density):
+        super().__init__(f"time step collapsed to {dt:.3e} at t = {t:.6g}, cell {cell}")
+        self.t, self.dt, self.cell, self.density = t, dt, cell, density
 
 
 class SSPStepper:
@@ -32,6 +41,12 @@ class SSPStepper:
     positivity bound nearly every step would be rejected. The safety factor is a proportional
     controller that aims the largest stage Courant number at 95 % of the stage limit: it shrinks
     after a rejection or a step close to the limit and recovers (≤ 5 % per step, at most 1).
+
+    State carried from step to step: safety (and the counters steps, rejected); a run restored
+    with the same safety continues exactly as it would have. After each accepted step,
+    last_courant is its largest stage Courant number and last_courant_cell the cell where it
+    occurred. A Courant-limited dt below dt_floor raises StepSizeCollapse (a dt cut short to land
+    on a save time is not a collapse).
     """
 
     def __init__(self, operator, edge_flux, order: int = 2, cfl: float = 0.5,
@@ -53,6 +68,8 @@ class SSPStepper:
         self.steps = 0
         self.rejected = 0
         self.max_courant = 0.0
+        self.last_courant = 0.0
+        self.last_courant_cell = -1
         self.safety = 1.0
 
     def step(self, f, t: float, dt_max: float):
@@ -64,8 +81,8 @@ class SSPStepper:
         rate0 = op.max_outflow_rate(un0)  # also leaves op's per-cell rates for un0 in place
         dt = dt_max if rate0 <= 0.0 else min(dt_max, self.safety * self.cfl / rate0)
         while True:
-            if dt < self.dt_floor:
-                raise FloatingPointError(f"time step collapsed to {dt:.3e} at t = {t:.6g}")
+            if dt < self.dt_floor and dt < dt_max:
+                raise StepSizeCollapse(t, dt, int(np.argmax(op.outflow)), f)
             new, stage_rate = self._attempt(f, t, dt, un0)
             if new is not None:
                 self.steps += 1
@@ -83,18 +100,20 @@ class SSPStepper:
         """Run the stages; (f_new, None), or (None, offending outflow rate) if a stage is too fast."""
         op = self.operator
         prev = f
-        courant = 0.0
+        courant, courant_cell = 0.0, -1
         last = len(self.tableau) - 1
         for i, (a, b, c) in enumerate(self.tableau):
             if i == 0:
                 un = un0
-                rate = float(op.outflow.max())
             else:
                 un = self.edge_flux(t + c * dt, prev)
-                rate = op.max_outflow_rate(un)
+                op.flow_rates(un)
+            cell = int(np.argmax(op.outflow))
+            rate = float(op.outflow[cell])
             if dt * rate > self.stage_limit * (1.0 + 1e-12):
                 return None, rate
-            courant = max(courant, dt * rate)
+            if dt * rate > courant:
+                courant, courant_cell = dt * rate, cell
             op(prev, un, self._rhs, rates_ready=True)
             # stage = a·f + b·(prev + dt·L(prev)); prev may be self._stage itself: the update
             # goes through self._rhs first, so overwriting the stage buffer is safe.
@@ -107,18 +126,20 @@ class SSPStepper:
             prev = stage
         self.max_courant = max(self.max_courant, courant)
         self._step_courant = courant
+        self.last_courant, self.last_courant_cell = courant, courant_cell
         return prev, None
 
     def advance(self, f, t0: float, t1: float, callback=None):
-        """Integrate from t0 to exactly t1. callback(t, f) after every step. Returns f(t1)."""
+        """Integrate from t0 to exactly t1. callback(t, f) after every step (it sees the new state
+        first, so a caller's checks can name the bad cell). Returns f(t1)."""
         t = t0
         while t < t1:
             remaining = t1 - t
             f, dt = self.step(f, t, remaining)
             # land exactly on t1 instead of leaving a round-off sliver
             t = t1 if dt >= remaining or t1 - (t + dt) < 1e-12 * max(1.0, abs(t1)) else t + dt
-            if not np.all(np.isfinite(f)):
-                raise FloatingPointError(f"non-finite density at t = {t:.6g}")
             if callback is not None:
                 callback(t, f)
+            if not np.all(np.isfinite(f)):
+                raise FloatingPointError(f"non-finite density at t = {t:.6g}")
         return f

@@ -1,0 +1,64 @@
+"""Helpers of the tests of `spherepde run`: the CLI in a subprocess (to kill, stop or limit it),
+and two run files compared to round-off."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from spherepde.io import open_run
+
+# the test reads files the subprocess writes: no HDF5 file locks
+ENV = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
+# Two computations of the same run agree to round-off, not always bitwise: the vectorised sums'
+# loop peeling depends on the arrays' memory alignment (1-ulp differences, then carried along).
+ROUND_OFF = 1e-12
+# when and where a file was written (config holds the output path), and the digests over them
+CHANGING_ATTRS = {"created", "wall_seconds", "history", "config", "layout_digest", "end_digest"}
+
+
+def start_run(*args):
+    """`spherepde run ARGS -v` in the background; its stderr (the -v snapshot log) is a pipe."""
+    return subprocess.Popen([sys.executable, "-m", "spherepde.cli", "run", *map(str, args), "-v"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def wait_for_snapshots(proc, count):
+    """Read the -v log until `count` snapshots are written; returns how many were seen."""
+    seen = 0
+    for line in proc.stderr:
+        if line.startswith("snapshot"):
+            seen += 1
+            if seen == count:
+                break
+    return seen
+
+
+def relative_difference(x, y):
+    """max |x − y| / max |y| (NaN where NaN: else inf)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if not np.array_equal(np.isnan(x), np.isnan(y)):
+        return np.inf
+    scale = np.nanmax(np.abs(y), initial=0.0)
+    diff = np.nanmax(np.abs(x - y), initial=0.0)
+    return diff / scale if scale > 0 else diff
+
+
+def run_difference(a, b):
+    """The largest relative_difference over the variables of two finished run files; their
+    attributes must agree except those that record when and where."""
+    ds_a, ds_b = open_run(a), open_run(b)
+    assert set(ds_a.variables) == set(ds_b.variables)
+    assert ({k: str(v) for k, v in ds_a.attrs.items() if k not in CHANGING_ATTRS | {"C0"}}
+            == {k: str(v) for k, v in ds_b.attrs.items() if k not in CHANGING_ATTRS | {"C0"}})
+    assert relative_difference(ds_a.attrs["C0"], ds_b.attrs["C0"]) <= ROUND_OFF
+    worst = 0.0
+    for name in ds_a.variables:
+        x, y = ds_a[name].values, ds_b[name].values
+        assert x.shape == y.shape, name
+        if x.dtype.kind in "fiu":
+            worst = max(worst, relative_difference(x, y))
+        else:
+            assert np.array_equal(x, y), name
+    return worst
