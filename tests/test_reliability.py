@@ -304,7 +304,7 @@ def test_one_writer_per_file_and_sigterm(reference, tmp_path, capsys):
     """While a run writes a file, a second run on it is refused (lock, exit 2) even with
     --overwrite, and the file is left alone; SIGTERM ends the first run with exit 143, its
     snapshots kept and its lock removed."""
-    cfg = write_config(tmp_path, "long", t_end=5.0)
+    cfg = write_config(tmp_path, "long", t_end=40.0)  # long enough not to end before SIGTERM
     out = tmp_path / "long.nc"
     proc = start_run(cfg, "-o", out)
     try:
