@@ -428,7 +428,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     elif method == "tree":
         from .tree_sum import SourceTree, tree_softmax
 
-        tree = SourceTree(sources, masses)
+        tree = SourceTree(sources, masses, soa=soa)  # soa: already built above
         fallbacks = np.zeros(ntarget, dtype=np.int8)
         tree_softmax(targets, BT, model.beta, tree.soa, tree.depth, tree.level_offset,
                      tree.node_start, tree.node_end, tree.node_centre, tree.node_cos_r,

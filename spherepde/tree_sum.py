@@ -44,10 +44,12 @@ class SourceTree:
     node of level ℓ in the concatenated arrays.
     """
 
-    def __init__(self, sources, masses, leaf_size: int = LEAF_SIZE):
+    def __init__(self, sources, masses, leaf_size: int = LEAF_SIZE, soa=None):
+        """soa: the sources as attention.source_arrays returns them, if already computed."""
         import healpy as hp
 
-        soa, _, _ = source_arrays(sources, masses)
+        if soa is None:
+            soa, _, _ = source_arrays(sources, masses)
         n = soa.shape[1]
         self.depth = max(0, int(round(math.log(max(n / (12 * leaf_size), 1.0), 4))))
         nside = 2**self.depth
