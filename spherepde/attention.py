@@ -167,6 +167,43 @@ def project_velocity(V, m0, m1, m2, x0, x1, x2, out):
 
 
 @njit(cache=True)
+def add_near_field(i, mom, nmom, shift, near_cells, near_delta, log2_factor):
+    """Add the near-field corrections of target i (spherepde.near_field) to its moments.
+
+    mom holds Σ_j 2^(λ_j + ⟨a, d_j⟩ − shift)(1, d_j, d_j d_jᵀ) with λ_j = log₂(μ_j/μ_max); the
+    correction of cell c is f_c Δ_c in the same scale: 2^(log2_factor[c] − shift) Δ_c with
+    log2_factor[c] = log₂(f_c/μ_max) (−inf for an empty cell). When the kernel is much narrower
+    than a cell, the corrections can exceed the centre sums by a factor 2^1000 (the peak sits
+    between centres): the shift is then raised to the largest log₂ of a correction and the sums
+    rescaled, so nothing overflows. Returns the shift used.
+    """
+    top = shift
+    for k in range(near_cells.shape[1]):
+        c = near_cells[i, k]
+        if c < 0:
+            break
+        size = abs(near_delta[i, k, 0])
+        if size > 0 and log2_factor[c] > -np.inf:
+            top = max(top, log2_factor[c] + math.log2(size))
+    if top > shift:
+        factor = 2.0 ** (shift - top)
+        for q in range(nmom):
+            mom[q] *= factor
+        shift = top
+    for k in range(near_cells.shape[1]):
+        c = near_cells[i, k]
+        if c < 0:
+            break
+        lam = log2_factor[c]
+        if lam == -np.inf:
+            continue
+        s = 2.0 ** (lam - shift)
+        for q in range(nmom):
+            mom[q] += s * near_delta[i, k, q]
+    return shift
+
+
+@njit(cache=True)
 def _finish_target(i, x0, x1, x2, h0, h1, h2, mom, BT, beta, V, want_div,
                    velocity, divergence, mean):
     """m = â + Σw d/z, v = P_x(V m) and div = β tr(P_x V C Bᵀ) − 2⟨x, V m⟩ from
@@ -208,12 +245,15 @@ def _finish_target(i, x0, x1, x2, h0, h1, h2, mom, BT, beta, V, want_div,
 
 
 @njit(cache=True, parallel=True)
-def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity, divergence, mean):
+def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity, divergence, mean,
+                    near_cells, near_delta, log2_factor):
     """Direct O(N·T) softmax sums, vectorised and blocked, fused with velocity and divergence.
 
     targets (T, 3) unit vectors; BT = Bᵀ (3, 3); soa, sample, rmax from source_arrays (positive
     masses only; exponents must stay below 2⁵⁰ in size, see attention_field); V (3, 3). Writes
     velocity (T, 3), mean (T, 3) and, if want_div, divergence (T,), like softmax_direct_reference.
+    near_cells (T, K), near_delta (T, K, 10), log2_factor (cells,): near-field corrections
+    (add_near_field; K = 0 for none).
     """
     ntarget = targets.shape[0]
     nsource = soa.shape[1]
@@ -282,6 +322,7 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
                         mom[t, k] += r1[k]
         for t in range(nt):
             i = i0 + t
+            add_near_field(i, mom[t], nmom, shift[t], near_cells, near_delta, log2_factor)
             _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
                            h[t, 2], mom[t], BT, beta, V, want_div, velocity, divergence, mean)
 
@@ -388,7 +429,7 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
 
 
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
-                    tol=DEFAULT_TOL, stats=None):
+                    tol=DEFAULT_TOL, stats=None, near=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     sources (N, 3) with masses (N,) ≥ 0 (need not be normalised); targets (T, 3) unit vectors.
@@ -396,6 +437,9 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     method: "direct" (softmax_blocked, exact to rounding), "tree" (spherepde.tree_sum: pruning
     with a certified neglected weight ≤ tol·Z per target; unit-vector sources only) or "auto"
     (choose_method). stats, if a dict, receives the method used and the tree's direct fallbacks.
+    near: a spherepde.near_field.NearField for these targets with the sources = the cells of its
+    mesh (masses = f·A in cell order): the kernel is integrated exactly over the cells around its
+    peak (accuracy uniform in β); None: the cell-centre sums only.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -415,6 +459,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     if method == "tree" and np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() > 1e-12:
         method = "direct"  # the caps of the tree bound ⟨a, y⟩ for unit vectors y only
     soa, sample, rmax = source_arrays(sources, masses)
+    near_cells, near_delta, log2_factor = _near_arrays(near, masses, sources.shape[0], ntarget)
     BT = np.ascontiguousarray(model.B.T)
     # the fast kernels' exponents λ + ⟨a, y − â⟩ − shift are bounded by 2|a|(r_max + 1) + max|λ|
     bound = 2.0 * model.beta * LOG2E * np.linalg.norm(BT, 2) * (rmax + 1.0) - soa[3].min()
@@ -433,24 +478,44 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         tree_softmax(targets, BT, model.beta, tree.soa, tree.depth, tree.level_offset,
                      tree.node_start, tree.node_end, tree.node_centre, tree.node_cos_r,
                      tree.node_sin_r, tree.node_log_mass, model.V, tol, want_div,
-                     velocity, divergence, mean, fallbacks)
+                     velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor)
         if stats is not None:
             stats["fallbacks"] = int(fallbacks.sum())
     else:
         softmax_blocked(targets, BT, model.beta, soa, sample, rmax, model.V, want_div,
-                        velocity, divergence, mean)
+                        velocity, divergence, mean, near_cells, near_delta, log2_factor)
     if stats is not None:
         stats["method"] = method
     return velocity, (divergence if want_div else None), mean
+
+def _near_arrays(near, masses, nsource, ntarget):
+    """(cells, delta, log2_factor) for the kernels: log2_factor[c] = log₂(f_c/μ_max) with
+    f_c = μ_c/A; empty arrays (K = 0) without a near field."""
+    if near is None or near.cells.shape[1] == 0:
+        return (np.empty((ntarget, 0), dtype=np.int64), np.empty((ntarget, 0, 10)), np.empty(0))
+    if near.cells.shape[0] != ntarget or near.npix != nsource:
+        raise ValueError("the near field was built for other targets or another mesh")
+    masses = np.asarray(masses, dtype=float)
+    with np.errstate(divide="ignore"):
+        log2_factor = np.log2(np.maximum(masses, 0.0)) - np.log2(masses.max()) - np.log2(near.area)
+    return near.cells, near.delta, log2_factor
+
+
+NEAR_FIELD_MAX_BYTES = 2 * 1024**3  # a larger near-field table is not built (warning instead)
+
 
 class AttentionField:
     """The attention field of cell densities on a mesh, evaluated at fixed target points.
 
     Sources are the cell centroids with masses f_c·A; work arrays are allocated once. method and
     tol as in attention_field; self.stats holds the method used by the last call.
+    near_field: True integrates the kernel exactly over the cells around its peak wherever it is
+    narrower than a cell (spherepde.near_field; built once here, costs T·K·88 bytes and a few ms
+    per corrected target), False keeps the cell-centre sums. A table above NEAR_FIELD_MAX_BYTES
+    is not built: a warning says so and the centre sums are used.
     """
 
-    def __init__(self, model, mesh, targets, method="auto", tol=DEFAULT_TOL):
+    def __init__(self, model, mesh, targets, method="auto", tol=DEFAULT_TOL, near_field=True):
         self.model = model
         self.mesh = mesh
         self.method = method
@@ -459,8 +524,21 @@ class AttentionField:
         self.targets = np.ascontiguousarray(targets, dtype=float)
         n = self.targets.shape[0]
         self._out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
+        self.near = None
+        if near_field and not model.zero_temperature:
+            from .near_field import NearField, table_bytes
+
+            size = table_bytes(mesh, model, self.targets)
+            if size > NEAR_FIELD_MAX_BYTES:
+                import warnings
+
+                warnings.warn(f"near-field table of {size / 2**30:.1f} GiB not built (limit "
+                              f"{NEAR_FIELD_MAX_BYTES / 2**30:.0f} GiB): the kernel is narrower than a "
+                              "cell and the centre sums under-resolve it; use a finer mesh", stacklevel=2)
+            elif size > 0:
+                self.near = NearField(mesh, model, self.targets)
 
     def __call__(self, f, want_div=False):
         return attention_field(self.model, self.mesh.centroids, f * self.mesh.area, self.targets,
                                want_div=want_div, out=self._out, method=self.method, tol=self.tol,
-                               stats=self.stats)
+                               stats=self.stats, near=self.near)

@@ -5,7 +5,9 @@ A config has the sections
     [model]        beta (number or "inf"), B, V (3×3 nested lists)
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
-    [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3)
+    [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
+                   summation ("auto" | "direct" | "tree"), tolerance (of the tree, relative, in
+                   (0, 1e-3]), near_field (true: exact kernel integrals near the peak)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -40,7 +42,8 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "model": {"beta": None, "B": None, "V": None},
     "initial": {"kind": "uniform"},
-    "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2},
+    "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
+                 "tolerance": 1e-10, "near_field": True},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -202,6 +205,11 @@ def resolve(raw: dict) -> dict:
     eul["cfl"] = _number("eulerian", "cfl", eul["cfl"], positive=True, high=1.0)
     if eul["rk_order"] not in (2, 3) or isinstance(eul["rk_order"], bool):
         raise ConfigError(f"[eulerian] rk_order: must be 2 or 3, got {eul['rk_order']!r}")
+    if eul["summation"] not in ("auto", "direct", "tree"):
+        raise ConfigError(f'[eulerian] summation: must be "auto", "direct" or "tree", got {eul["summation"]!r}')
+    eul["tolerance"] = _number("eulerian", "tolerance", eul["tolerance"], positive=True, high=1e-3)
+    if not isinstance(eul["near_field"], bool):
+        raise ConfigError(f"[eulerian] near_field: must be true or false, got {eul['near_field']!r}")
 
     tm = cfg["time"]
     tm["t_end"] = _number("time", "t_end", tm["t_end"], positive=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from .attention import AttentionField
+from .attention import DEFAULT_TOL, AttentionField
 from .guards import Guards, RunFailure, check_model
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
@@ -72,10 +72,13 @@ class EulerianSolver:
 
     scheme "muscl" or "upwind"; cfl the outflow Courant number; rk_order 2 or 3; guards the
     tolerances of the run guards (spherepde.guards.Guards; defaults never fire on a healthy run).
+    summation ("auto" | "direct" | "tree") and tolerance: the attention sums (attention_field);
+    near_field: exact kernel integrals over the cells around the peak (AttentionField).
     """
 
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
-                 guards: Guards | None = None):
+                 guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
+                 near_field: bool = True):
         check_model(model.B, model.V, model.beta)
         self.mesh = mesh
         self.model = model
@@ -86,8 +89,11 @@ class EulerianSolver:
         self.operator = FluxDivergence(mesh, scheme)
         # the guard's own copy of the stepper's bound: it checks the stepper, not itself
         self.courant_limit = max(cfl, self.operator.positivity_courant)
-        self._edge_field = AttentionField(model, mesh, mesh.edge_points.reshape(-1, 3))
-        self._cell_field = AttentionField(model, mesh, mesh.centroids)
+        field = dict(method=summation, tol=tolerance, near_field=near_field)
+        self._edge_field = AttentionField(model, mesh, mesh.edge_points.reshape(-1, 3), **field)
+        self._cell_field = AttentionField(model, mesh, mesh.centroids, **field)
+        # whether any target gets near-field corrections (recorded in the output file)
+        self.near_field_active = self._edge_field.near is not None or self._cell_field.near is not None
         self._un = np.empty(mesh.edge_weights.shape)
         self.stepper = SSPStepper(self.operator, self.edge_flux, order=rk_order, cfl=cfl,
                                   dt_floor=self.guards.dt_floor)

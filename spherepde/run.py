@@ -115,7 +115,9 @@ class _Setup:
         self.mesh = mesh = HealpixMesh(eul["nside"])
         self.f0 = f0 = law.cell_averages(mesh)
         self.solver = EulerianSolver(mesh, model, scheme=eul["scheme"], cfl=eul["cfl"],
-                                     rk_order=eul["rk_order"], guards=Guards(**config["guards"]))
+                                     rk_order=eul["rk_order"], guards=Guards(**config["guards"]),
+                                     summation=eul["summation"], tolerance=eul["tolerance"],
+                                     near_field=eul["near_field"])
         self.measure = measure = _CellMeasure(mesh, model, dg["p"])
         self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
                                               w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
@@ -131,6 +133,8 @@ class _Setup:
                 "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
         self.attrs = {
             "nside": mesh.nside, "scheme": eul["scheme"], "cfl": eul["cfl"], "rk_order": eul["rk_order"],
+            "summation": eul["summation"], "tolerance": eul["tolerance"],
+            "near_field": int(self.solver.near_field_active),
             "beta": "inf" if model.zero_temperature else model.beta,
             "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
             "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,

@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from .attention import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
+                        add_near_field,
                         source_arrays)
 from .fastmath import LOG2E
 
@@ -112,7 +113,8 @@ def _node_bound(a_norm, h0, h1, h2, k, centre, cos_r, sin_r, log_mass):
 @njit(cache=True, parallel=True)
 def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_end, node_centre,
                  node_cos_r, node_sin_r, node_log_mass, V, tol, want_div,
-                 velocity, divergence, mean, direct_fallbacks):
+                 velocity, divergence, mean, direct_fallbacks,
+                 near_cells, near_delta, log2_factor):
     """The softmax sums of attention.softmax_blocked with pruning (module docstring); writes the
     same outputs, and direct_fallbacks[i] = 1 where the pruning bound failed and target i was
     summed directly."""
@@ -222,5 +224,6 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
                 r1 = _block_moments1(a0, a1, a2, h0, h1, h2, -shift, ys0, ys1, ys2, lws)
                 for q in range(4):
                     mom[q] = r1[q]
+        add_near_field(i, mom, nmom, shift, near_cells, near_delta, log2_factor)
         _finish_target(i, x0, x1, x2, h0, h1, h2, mom, BT, beta, V, want_div, velocity, divergence, mean)
     return nsource
