@@ -2,7 +2,8 @@
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
     spherepde plot RUN.nc [-o DIR]
-    spherepde validate SUITE ... --out DIR [--slow] [--nside N ...]   (transport, exact, lagrangian)
+    spherepde validate SUITE ... --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper)
+    spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
 Every failure ends with one line on stderr and an exit status:
   0 done (also: --resume of a finished run, which changes nothing)
@@ -24,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-SUITES = ("transport", "exact", "lagrangian")
+SUITES = ("transport", "exact", "lagrangian", "paper")
 EXIT_USAGE, EXIT_GUARD, EXIT_WRITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 4, 130, 143
 
 
@@ -81,6 +82,21 @@ def build_parser():
     val.add_argument("--out", required=True, help="output directory for reports and figures")
     val.add_argument("--slow", action="store_true", help="add the finest meshes (nside 128)")
     val.add_argument("--nside", type=_power_of_two, nargs="+", help="override the mesh list")
+    val.add_argument("--quick", action="store_true",
+                     help="CI-sized runs: meshes 8 and 16 (unless --nside), paper: nside 8, 300 tokens, t <= 8")
+
+    sweep = sub.add_parser("sweep", help="run a parameter sweep on dask.distributed, combine its runs")
+    sweep.add_argument("sweep_file", metavar="SWEEP.toml", help="sweep file (see solvers/sweeps/)")
+    sweep.add_argument("--scheduler", metavar="ADDRESS",
+                       help="address of a running dask scheduler (default: a local cluster)")
+    sweep.add_argument("--workers", type=int, metavar="N", help="worker processes of the local cluster (default 2)")
+    sweep.add_argument("--threads-per-run", type=int, default=1, metavar="N", help="numba threads per run (default 1)")
+    sweep.add_argument("--out", help="output directory (default: results/NAME/)")
+    sweep.add_argument("--overwrite", action="store_true",
+                       help="replace run files that hold another config (complete matching runs are still skipped)")
+    sweep.add_argument("--check", action="store_true",
+                       help="expand and check the sweep, list its runs and what each needs, then stop")
+    sweep.add_argument("-v", "--verbose", action="store_true", help="log a line per run (for batch logs)")
     return parser
 
 
@@ -183,28 +199,73 @@ def _plot(args):
 
 def _validate(args):
     _check_output_dir(args.out)
+    # --quick: CI-sized meshes for the mesh-convergence suites (the paper suite has its own)
+    nsides = args.nside or ([8, 16] if args.quick else None)
     for suite in args.suites:
         start = time.perf_counter()
         print(f"spherepde validate {suite} → {args.out}", flush=True)
         if suite == "transport":
             from validation import transport
 
-            transport.run_suite(args.out, slow=args.slow, nsides=args.nside)
+            transport.run_suite(args.out, slow=args.slow, nsides=nsides)
         elif suite == "exact":
             from validation import exact
 
-            exact.run_suite(args.out, slow=args.slow, nsides=args.nside)
+            exact.run_suite(args.out, slow=args.slow, nsides=nsides)
         elif suite == "lagrangian":
             from validation import lagrangian
 
-            lagrangian.run_suite(args.out, slow=args.slow, nsides=args.nside)
+            lagrangian.run_suite(args.out, slow=args.slow, nsides=nsides)
+        elif suite == "paper":
+            from validation import paper
+
+            paper.run_suite(args.out, quick=args.quick, slow=args.slow, nsides=args.nside)
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
+    return 0
+
+
+def _sweep(args):
+    from spherepde.sweep import SweepError, SweepFailure, expand, plan, run_sweep
+
+    if args.scheduler and args.workers is not None:
+        raise UsageError("--workers: the cluster at --scheduler has its own workers")
+    for option, value in (("--workers", args.workers), ("--threads-per-run", args.threads_per_run)):
+        if value is not None and value < 1:
+            raise UsageError(f"{option}: must be >= 1, got {value}")
+    if args.check:
+        try:
+            specs = expand(args.sweep_file, args.out)
+            actions = plan(specs, args.overwrite)
+        except SweepError as exc:
+            raise UsageError(str(exc)) from None
+        for spec, action in zip(specs, actions):
+            values = ", ".join(f"{k} = {v}" for k, v in spec.params.items())
+            print(f"{spec.run_id}  {action:8s} {values}")
+        print(f"spherepde sweep: {len(specs)} runs OK, output → {specs[0].path.parent}/")
+        return 0
+    previous = (signal.signal(signal.SIGTERM, _terminate)
+                if threading.current_thread() is threading.main_thread() else None)
+    try:
+        run_sweep(args.sweep_file, out_dir=args.out, scheduler=args.scheduler, workers=args.workers or 2,
+                  threads_per_run=args.threads_per_run, overwrite=args.overwrite, verbose=args.verbose)
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
+    except SweepFailure:  # each failure was reported as it happened
+        return 1
+    except KeyboardInterrupt as exc:
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print(f"spherepde sweep: {what}; every complete run file is kept, interrupted runs keep their "
+              "snapshots: the same command continues the sweep", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPT
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    handler = {"run": _run, "plot": _plot, "validate": _validate}[args.command]
+    handler = {"run": _run, "plot": _plot, "validate": _validate, "sweep": _sweep}[args.command]
     try:
         return handler(args)
     except UsageError as exc:

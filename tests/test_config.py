@@ -150,7 +150,14 @@ def test_config_difference_names_the_first_setting():
 def test_example_configs_resolve():
     from pathlib import Path
 
-    configs = sorted((Path(__file__).parents[1] / "solvers").glob("*.toml"))
+    import tomllib
+
+    from spherepde.sweep import expand
+
+    configs = sorted((Path(__file__).parents[1] / "solvers").rglob("*.toml"))
     assert any(p.name == "quickstart.toml" for p in configs)
     for p in configs:
-        resolve(load(p))
+        if "sweep" in tomllib.loads(p.read_text()):  # a sweep file: every run config it expands to
+            assert expand(p)
+        else:
+            resolve(load(p))
