@@ -408,16 +408,23 @@ def zero_temperature_field(targets, B, M, want_div, velocity, divergence):
             divergence[i] = (trM - 3.0 * xmx) / nb - cross / nb**3
 
 
-METHODS = ("auto", "direct", "tree")
+METHODS = ("auto", "direct", "tree", "harmonic")
 DEFAULT_TOL = 1e-10
 TREE_MIN_SOURCES = 3072  # below this the tree's overhead is not worth it
 TREE_MAX_CAP_FRACTION = 0.2  # the tree pays when the weights live on < 20 % of the sphere
+# harmonic cost per target ≈ HARMONIC_PAIRS_PER_TERM·(L+1)² direct pairs (per source: twice that;
+# measured against softmax_blocked in the same runs at nside 16 and 64: 1.8 and 2.4)
+HARMONIC_PAIRS_PER_TERM = 2.5
 
 
 def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
-    """The cost model of "auto": the tree visits the cap where β|Bᵀx|(1 − cos θ) ≲ ln(1/tol) + 5,
-    a fraction (ln(1/tol) + 5)/(2β|Bᵀx|) of the sphere (median |Bᵀx| over the targets); the direct
-    sum visits everything at a lower cost per source. "tree" when that fraction is small."""
+    """The cost model of "auto".
+
+    tree: it visits the cap where β|Bᵀx|(1 − cos θ) ≲ ln(1/tol) + 5, a fraction
+    (ln(1/tol) + 5)/(2β|Bᵀx|) of the sphere (median |Bᵀx| over the targets); "tree" when that
+    fraction is small. harmonic: (T + 2N)·c·(L+1)² against T·N for the direct sum, L the degree
+    spherepde.harmonic_sum needs at κ_max = βσ_max(B); "harmonic" when cheaper. Else "direct".
+    """
     if nsources < TREE_MIN_SOURCES:
         return "direct"
     sample = np.asarray(targets)[:: max(1, len(targets) // 256)]
@@ -425,7 +432,14 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
     if bx <= 0:
         return "direct"
     fraction = (math.log(1.0 / tol) + 5.0) / (2.0 * model.beta * bx)
-    return "tree" if fraction < TREE_MAX_CAP_FRACTION else "direct"
+    if fraction < TREE_MAX_CAP_FRACTION:
+        return "tree"
+    from .harmonic_sum import harmonic_degree
+
+    L, _ = harmonic_degree(model.beta * float(np.linalg.norm(model.B, 2)))
+    ntarget = len(targets)
+    harmonic = (ntarget + 2 * nsources) * HARMONIC_PAIRS_PER_TERM * (L + 1) ** 2
+    return "harmonic" if harmonic < ntarget * nsources else "direct"
 
 
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
@@ -435,8 +449,9 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     sources (N, 3) with masses (N,) ≥ 0 (need not be normalised); targets (T, 3) unit vectors.
     The one entry point of the summation. At β = ∞ the masses are unused and mean is None.
     method: "direct" (softmax_blocked, exact to rounding), "tree" (spherepde.tree_sum: pruning
-    with a certified neglected weight ≤ tol·Z per target; unit-vector sources only) or "auto"
-    (choose_method). stats, if a dict, receives the method used and the tree's direct fallbacks.
+    with a certified neglected weight ≤ tol·Z per target; unit-vector sources only), "harmonic"
+    (spherepde.harmonic_sum: Funk–Hecke expansion for moderate β, targets whose error bound
+    exceeds tol summed directly; unit-vector sources only) or "auto" (choose_method). stats, if a dict, receives the method used and the tree's direct fallbacks.
     near: a spherepde.near_field.NearField for these targets with the sources = the cells of its
     mesh (masses = f·A in cell order): the kernel is integrated exactly over the cells around its
     peak (accuracy uniform in β); None: the cell-centre sums only.
@@ -456,8 +471,10 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     sources = np.ascontiguousarray(sources, dtype=float)
     if method == "auto":
         method = choose_method(model, targets, sources.shape[0], tol)
-    if method == "tree" and np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() > 1e-12:
-        method = "direct"  # the caps of the tree bound ⟨a, y⟩ for unit vectors y only
+    if method in ("tree", "harmonic") and np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() > 1e-12:
+        method = "direct"  # the caps of the tree bound ⟨a, y⟩, and Funk–Hecke needs, unit vectors y
+    if method == "harmonic" and near is not None and near.active:
+        method = "direct"  # the harmonic sums are uncentred: no near-field correction there
     soa, sample, rmax = source_arrays(sources, masses)
     near_cells, near_delta, log2_factor = _near_arrays(near, masses, sources.shape[0], ntarget)
     BT = np.ascontiguousarray(model.B.T)
@@ -481,6 +498,14 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
                      velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor)
         if stats is not None:
             stats["fallbacks"] = int(fallbacks.sum())
+    elif method == "harmonic":
+        from .harmonic_sum import harmonic_softmax
+
+        degree, redo = harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_div,
+                                        tol, velocity, divergence, mean)
+        if stats is not None:
+            stats["degree"] = degree
+            stats["fallbacks"] = redo
     else:
         softmax_blocked(targets, BT, model.beta, soa, sample, rmax, model.V, want_div,
                         velocity, divergence, mean, near_cells, near_delta, log2_factor)

@@ -6,7 +6,7 @@ A config has the sections
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
-                   summation ("auto" | "direct" | "tree"), tolerance (of the tree, relative, in
+                   summation ("auto" | "direct" | "tree" | "harmonic"), tolerance (of the tree, relative, in
                    (0, 1e-3]), near_field (true: exact kernel integrals near the peak)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
@@ -205,8 +205,9 @@ def resolve(raw: dict) -> dict:
     eul["cfl"] = _number("eulerian", "cfl", eul["cfl"], positive=True, high=1.0)
     if eul["rk_order"] not in (2, 3) or isinstance(eul["rk_order"], bool):
         raise ConfigError(f"[eulerian] rk_order: must be 2 or 3, got {eul['rk_order']!r}")
-    if eul["summation"] not in ("auto", "direct", "tree"):
-        raise ConfigError(f'[eulerian] summation: must be "auto", "direct" or "tree", got {eul["summation"]!r}')
+    if eul["summation"] not in ("auto", "direct", "tree", "harmonic"):
+        raise ConfigError('[eulerian] summation: must be "auto", "direct", "tree" or "harmonic", '
+                          f'got {eul["summation"]!r}')
     eul["tolerance"] = _number("eulerian", "tolerance", eul["tolerance"], positive=True, high=1e-3)
     if not isinstance(eul["near_field"], bool):
         raise ConfigError(f"[eulerian] near_field: must be true or false, got {eul['near_field']!r}")

@@ -1,0 +1,104 @@
+"""Harmonic (Funk–Hecke) summation at moderate β against independent references: scipy's
+modified spherical Bessel functions and Legendre polynomials (addition theorem), and the direct
+sum for random B, V and smooth and rough densities."""
+
+import numpy as np
+import pytest
+from scipy.special import eval_legendre, spherical_in
+
+from spherepde.attention import attention_field
+from spherepde.harmonic_sum import _legendre_tables, harmonic_degree, real_harmonics, scaled_bessel
+from spherepde.initial import VonMisesFisher
+from spherepde.mesh import HealpixMesh
+from spherepde.model import AttentionModel
+
+
+@pytest.mark.parametrize("kappa", [1e-10, 0.3, 7.0, 60.0, 250.0])
+def test_scaled_bessel_matches_scipy(kappa):
+    n = 80
+    ours = np.empty(n)
+    scaled_bessel(kappa, kappa, ours)
+    ref = spherical_in(np.arange(n), kappa) * np.exp(-kappa)
+    big = ref > 1e-290
+    np.testing.assert_allclose(ours[big], ref[big], rtol=1e-12)
+
+
+def test_real_harmonics_satisfy_the_addition_theorem():
+    """Σ_m Y_ℓm(x) Y_ℓm(z) = (2ℓ + 1)/(4π) P_ℓ(⟨x, z⟩), including points at the poles."""
+    L = 40
+    qmm, a, b = _legendre_tables(L)
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(6, 3))
+    pts[0] = [0.0, 0.0, 1.0]
+    pts[1] = [0.0, 0.0, -1.0]
+    pts /= np.linalg.norm(pts, axis=1, keepdims=True)
+    ones = np.ones(L + 1)
+    rows = np.empty((len(pts), (L + 1) ** 2))
+    for i, p in enumerate(pts):
+        real_harmonics(p[0], p[1], p[2], L, qmm, a, b, ones, rows[i])
+    deg = np.concatenate([np.arange(L + 1)] + [np.arange(m, L + 1) for m in range(1, L + 1) for _ in (0, 1)])
+    for i in range(len(pts)):
+        for j in range(len(pts)):
+            c = float(np.clip(pts[i] @ pts[j], -1.0, 1.0))
+            sums = np.bincount(deg, weights=rows[i] * rows[j], minlength=L + 1)
+            exact = (2 * np.arange(L + 1) + 1) / (4 * np.pi) * eval_legendre(np.arange(L + 1), c)
+            np.testing.assert_allclose(sums, exact, atol=1e-12)
+
+
+def test_degree_grows_like_root_kappa():
+    degrees = [harmonic_degree(k)[0] for k in (10.0, 40.0, 160.0)]
+    assert degrees[0] < degrees[1] < degrees[2]
+    assert 1.6 < degrees[2] / degrees[1] < 2.4  # ≈ √4
+
+
+def _densities(mesh, rng):
+    smooth = VonMisesFisher(np.array([0.0, 0.6, 0.8]), 3.0).cell_averages(mesh)
+    rough = rng.uniform(0.0, 1.0, mesh.npix) ** 4
+    rough[rng.uniform(size=mesh.npix) < 0.2] = 0.0  # empty cells
+    return {"smooth": smooth, "rough": rough}
+
+
+@pytest.mark.parametrize("beta", [0.1, 1.0, 10.0, 30.0])
+def test_harmonic_matches_direct(beta):
+    rng = np.random.default_rng(int(beta * 10) + 1)
+    mesh = HealpixMesh(8)
+    model = AttentionModel(rng.normal(size=(3, 3)), rng.normal(size=(3, 3)), beta)
+    x = mesh.edge_points.reshape(-1, 3)
+    for name, f in _densities(mesh, rng).items():
+        out = {}
+        for method in ("direct", "harmonic"):
+            stats = {}
+            v, d, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True,
+                                      method=method, stats=stats)
+            out[method] = (v.copy(), d.copy(), m.copy(), stats)
+        assert out["harmonic"][3]["method"] == "harmonic"
+        np.testing.assert_allclose(out["harmonic"][2], out["direct"][2], atol=1e-10, err_msg=name)
+        np.testing.assert_allclose(out["harmonic"][0], out["direct"][0], atol=1e-9, err_msg=name)
+        scale = np.maximum(1.0, np.abs(out["direct"][1]))
+        assert np.max(np.abs(out["harmonic"][1] - out["direct"][1]) / scale) < 1e-8, name
+
+
+def test_hard_targets_fall_back_to_the_direct_sum():
+    """All mass near one point and β = 30: for targets whose kernel points away from it, Z is
+    ~e^{−60} of the expansion's terms; those must be detected and summed directly."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(np.eye(3), np.eye(3), 30.0)
+    f = VonMisesFisher(np.array([0.0, 0.0, 1.0]), 200.0).cell_averages(mesh)
+    x = mesh.edge_points.reshape(-1, 3)
+    stats = {}
+    _, _, m = attention_field(model, mesh.centroids, f * mesh.area, x, method="harmonic", stats=stats)
+    m = m.copy()
+    _, _, ref = attention_field(model, mesh.centroids, f * mesh.area, x, method="direct")
+    assert stats["fallbacks"] > 0
+    np.testing.assert_allclose(m, ref, atol=1e-10)
+
+
+def test_cost_model_picks_harmonic_for_many_points_at_moderate_beta():
+    from spherepde.attention import choose_method
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50_000, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    model = AttentionModel(np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0]), 5.0)
+    assert choose_method(model, x, 50_000) == "harmonic"
+    assert choose_method(model, x[:2000], 3072) == "direct"  # few points: the direct sum
