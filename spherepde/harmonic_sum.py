@@ -18,10 +18,13 @@ Scaling and accuracy: the target side is multiplied by e^{−κ} and masses by 1
 value exceeds 1. A source's truncation error is at most Σ_{ℓ>L} (2ℓ + 1) i_ℓ(κ) e^{−κ}
 (|P_ℓ| ≤ 1), which grows with κ, and Σ_ℓm 4π i_ℓ e^{−κ}|Y_ℓm(x')||d_ℓm| ≤ M̃ = Σ_j μ_j/max μ
 (Cauchy–Schwarz on the addition theorem). Every moment then has an absolute error of at most
-err = tail(κ_max)·M̃ from the truncation, plus rounding, estimated as 4√N ε·M̃ for the coefficient
-sums and 4(L + 1)ε·Σ|terms| for the target's series (rounding errors of long sums grow like a
-random walk; the worst-case bounds, N ε and (L + 1)² ε, are 10³× pessimistic here and would send
-most targets to the direct sum). The relative error of m_β is then about 2·err/Z(x): where
+tail(κ_max)·M̃ from the truncation, plus rounding. Rounding is estimated, not bounded: errors of
+long sums grow like random walks, so a coefficient sum over N sources errs by ~4ε√N·rms(μ̃ g Y)
+(the ℓ = 0 sum, whose partial sums grow linearly, by ~4εN^{3/2}·mean μ̃), seen by the target
+through ‖t‖₂ (resp. t₀) of its weights t = 4π i_ℓ e^{−κ} Y_ℓm(x'); the target's own series errs by
+~4(L + 1)ε·Σ|terms|. The worst-case bounds (Nε, (L + 1)²ε) are 10³–10⁵× pessimistic here and
+would send most targets to the direct sum; the tests compare with the direct sum instead. The
+relative error of m_β is then about 2·err/Z(x): where
 that exceeds the tolerance (a density that is tiny where the kernel of x sits: the sums span e^{2κ}
 and the small ones drown in the rounding of the large ones), the target is summed directly.
 L is the smallest degree whose tail is below TAIL_TARGET, L ≈ √(80 κ_max): the cost grows with
@@ -239,11 +242,12 @@ def _contract(row, coef, nmom, mom):
 
 
 @njit(cache=True, parallel=True)
-def _evaluate(targets, coef, L, qmm, a, b, err, rounding, tol, BT, beta, V, want_div, velocity,
-              divergence, mean, fallback):
+def _evaluate(targets, coef, L, qmm, a, b, err, noise, rounding, tol, BT, beta, V, want_div,
+              velocity, divergence, mean, fallback):
     """For each target: 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') (x' = Bᵀx/|Bᵀx|, κ = β|Bᵀx|), contracted with the
     coefficients, then finished (velocity, divergence, mean); a target whose error bound
-    2·(err + rounding·Σ|terms|)/Z exceeds tol is marked for the direct sum (fallback[i] = 1)."""
+    2·(err + noise₀‖t‖₂ + noise₁t₀ + rounding·Σ|terms|)/Z exceeds tol is marked for the direct sum
+    (fallback[i] = 1)."""
     nk = (L + 1) ** 2
     nmom = 10 if want_div else 4
     for i in prange(targets.shape[0]):
@@ -263,13 +267,17 @@ def _evaluate(targets, coef, L, qmm, a, b, err, rounding, tol, BT, beta, V, want
         kappa = beta * unorm
         bes = np.empty(L + 1)
         scaled_bessel(kappa, kappa, bes)
+        tnorm = 0.0  # ‖t‖₂ over the (ℓ, m) of the target's weights t = 4π i_ℓ e^{−κ} Y_ℓm(x')
         for l in range(L + 1):
             bes[l] *= 4.0 * math.pi
+            tnorm += bes[l] * bes[l] * (2 * l + 1)
+        tnorm = math.sqrt(tnorm / (4.0 * math.pi))
         row = np.empty(nk)
         real_harmonics(u0, u1, u2, L, qmm, a, b, bes, row)
         mom = np.empty(nmom)
         size = _contract(row, coef, nmom, mom)
-        if not (mom[0] > 0.0 and 2.0 * (err + rounding * size) <= tol * mom[0]):
+        bound = err + noise[0] * tnorm + noise[1] * bes[0] + rounding * size
+        if not (mom[0] > 0.0 and 2.0 * bound <= tol * mom[0]):
             fallback[i] = 1
             continue
         fallback[i] = 0
@@ -299,12 +307,17 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
     _coefficients(sources, mu, L, qmm, a, b, nmom, parts)
     coef_t = parts.sum(axis=0)  # (nk, nmom): the moments of one k adjacent
     eps = np.finfo(float).eps
-    # truncation (rigorous) and the rounding of the coefficient sums (√N ε per unit mass: rounding
-    # errors of long sums grow like a random walk), plus per target 4(L+1)ε Σ|terms|
-    err = (tail + 4.0 * math.sqrt(len(mu)) * eps) * float(mu.sum())
+    n = len(mu)
+    # error budget of a target's moments (module docstring): the truncation, rigorous; the
+    # rounding of the coefficient sums, estimated as random walks (4ε√N·rms(μ g Y) per
+    # coefficient, seen through ‖t‖₂; the ℓ = 0 sum, whose partial sums grow linearly,
+    # 4ε N^{3/2} mean(μ)/√(4π) seen through t₀); and of the target's own series, 4(L+1)ε Σ|terms|
+    err = tail * float(mu.sum())
+    noise = np.array([4.0 * eps * math.sqrt(n) * math.sqrt(float(np.mean(mu**2))) / math.sqrt(4.0 * math.pi),
+                      4.0 * eps * n**1.5 * float(mu.mean()) / (4.0 * math.pi)])
     rounding = 4.0 * (L + 1) * eps
     fallback = np.zeros(len(targets), dtype=np.int8)
-    _evaluate(targets, coef_t, L, qmm, a, b, err, rounding, tol, BT, beta, model.V, want_div,
+    _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, model.V, want_div,
               velocity, divergence, mean, fallback)
     redo = np.flatnonzero(fallback)
     if redo.size:
