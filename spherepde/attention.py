@@ -413,8 +413,8 @@ DEFAULT_TOL = 1e-10
 TREE_MIN_SOURCES = 3072  # below this the tree's overhead is not worth it
 TREE_MAX_CAP_FRACTION = 0.2  # the tree pays when the weights live on < 20 % of the sphere
 # harmonic cost per target ≈ HARMONIC_PAIRS_PER_TERM·(L+1)² direct pairs (per source: twice that;
-# measured against softmax_blocked in the same runs at nside 16 and 64: 1.8 and 2.4)
-HARMONIC_PAIRS_PER_TERM = 2.5
+# measured against softmax_blocked in the same runs: 1.8 to 3.0 at nside 16 to 64)
+HARMONIC_PAIRS_PER_TERM = 3.0
 
 
 def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
