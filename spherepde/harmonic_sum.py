@@ -39,7 +39,6 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .attention import _SUMS, _finish_target
-from .fastmath import LOG2E
 
 __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "real_harmonics"]
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from spherepde.attention import attention_field
-from spherepde.exact import vmf_softmax_mean
 from spherepde.initial import VonMisesFisher
 from spherepde.mesh import _JPLL, _JRLL, HealpixMesh, _pixel_rule
 from spherepde.model import AttentionModel
@@ -80,30 +79,19 @@ def test_rings_only_where_the_kernel_is_narrower_than_a_cell():
     assert rings.tolist() == [0, 0, 3, 1, 1]
 
 
-def _vmf_case(nside, beta, near, rng_seed=0, ntargets=150):
-    rng = np.random.default_rng(rng_seed)
-    model = AttentionModel(rng.normal(size=(3, 3)), rng.normal(size=(3, 3)), beta)
-    mu = rng.normal(size=3)
-    mu /= np.linalg.norm(mu)
-    x = rng.normal(size=(ntargets, 3))
-    x /= np.linalg.norm(x, axis=1, keepdims=True)
-    mesh = HealpixMesh(nside)
-    f = VonMisesFisher(mu, 4.0).cell_averages(mesh)
-    nf = NearField(mesh, model, x) if near else None
-    m = attention_field(model, mesh.centroids, f * mesh.area, x, method="direct", near=nf)[2]
-    return float(np.abs(m - vmf_softmax_mean(model, mu, 4.0, x)).max())
-
-
 def test_vmf_error_bounded_as_beta_grows():
     """Without the correction the error of m_β grows towards the cell size as β → ∞ (a hardmax
-    over centres); with it, it stays at the small-β level (measured 3.8e-4 … 9.6e-4 at nside 16)."""
-    small_beta = _vmf_case(16, 10.0, near=True)
+    over centres); with it, it stays at the small-β level (measured 3.8e-4 … 9.6e-4 at nside 16).
+    validation.near_field.errors: vMF closed form, random B and V."""
+    from validation.near_field import errors
+
+    small_beta = errors(16, 10.0, ntargets=150)[1]
     for beta in (1e3, 1e4, 1e5):
-        before = _vmf_case(16, beta, near=False)
-        after = _vmf_case(16, beta, near=True)
+        before, after, div_before, div_after, _ = errors(16, beta, ntargets=150)
         assert before > 5e-3
         assert after < 3.0 * small_beta
         assert after < before / 5
+        assert div_after < 0.2 < div_before  # div v needs the covariance to O(1/β)
 
 
 def test_large_beta_recovers_the_zero_temperature_field():
