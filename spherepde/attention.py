@@ -434,9 +434,9 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
     fraction = (math.log(1.0 / tol) + 5.0) / (2.0 * model.beta * bx)
     if fraction < TREE_MAX_CAP_FRACTION:
         return "tree"
-    from .harmonic_sum import harmonic_degree
+    from .harmonic_sum import harmonic_degree, tail_target
 
-    L, _ = harmonic_degree(model.beta * float(np.linalg.norm(model.B, 2)))
+    L, _ = harmonic_degree(model.beta * float(np.linalg.norm(model.B, 2)), tail_target(tol))
     ntarget = len(targets)
     harmonic = (ntarget + 2 * nsources) * HARMONIC_PAIRS_PER_TERM * (L + 1) ** 2
     return "harmonic" if harmonic < ntarget * nsources else "direct"

@@ -27,7 +27,7 @@ would send most targets to the direct sum; the tests compare with the direct sum
 relative error of m_β is then about 2·err/Z(x): where
 that exceeds the tolerance (a density that is tiny where the kernel of x sits: the sums span e^{2κ}
 and the small ones drown in the rounding of the large ones), the target is summed directly.
-L is the smallest degree whose tail is below TAIL_TARGET, L ≈ √(80 κ_max): the cost grows with
+L is the smallest degree whose tail is below TAIL_FRACTION·tol, L ≈ √(70 κ_max): the cost grows with
 κ, so this is the method for moderate β; the tree takes large β.
 """
 
@@ -42,7 +42,8 @@ from .attention import _SUMS, _finish_target
 
 __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "real_harmonics"]
 
-TAIL_TARGET = 1e-18  # truncation error per unit mass, relative to the largest kernel value
+TAIL_FRACTION = 1e-5  # truncation error per unit mass (relative to the largest kernel value) ≤
+# this × tol: the bound 2·tail·M̃/Z then uses ≤ 1e-5·2κ·(max f/f near the peak) of tol
 MAX_DEGREE = 400
 
 
@@ -143,7 +144,12 @@ def real_harmonics(x0, x1, x2, L, qmm, a, b, wl, out):
         k += 2 * n
 
 
-def harmonic_degree(kappa_max, tail_target=TAIL_TARGET):
+def tail_target(tol):
+    """The truncation target of a summation with relative tolerance tol."""
+    return max(TAIL_FRACTION * tol, 1e-20)
+
+
+def harmonic_degree(kappa_max, tail_target=1e-15):
     """(L, tail): the smallest degree with Σ_{ℓ>L} (2ℓ + 1) i_ℓ(κ_max) e^{−κ_max} ≤ tail_target,
     and that tail (≥ the truncation error per unit mass)."""
     n = MAX_DEGREE + 80
@@ -294,7 +300,7 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
 
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
-    L, tail = harmonic_degree(beta * float(np.linalg.norm(BT, 2)))
+    L, tail = harmonic_degree(beta * float(np.linalg.norm(BT, 2)), tail_target(tol))
     qmm, a, b = _legendre_tables(L)
     nk = (L + 1) ** 2
     nmom = 10 if want_div else 4
