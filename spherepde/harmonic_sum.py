@@ -38,7 +38,7 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from .attention import _SUMS, _finish_target
+from .attention import _SUMS, TARGET_BLOCK, _finish_target
 
 __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "real_harmonics"]
 
@@ -255,39 +255,42 @@ def _evaluate(targets, coef, L, qmm, a, b, err, noise, rounding, tol, BT, beta, 
     (fallback[i] = 1)."""
     nk = (L + 1) ** 2
     nmom = 10 if want_div else 4
-    for i in prange(targets.shape[0]):
-        x0 = targets[i, 0]
-        x1 = targets[i, 1]
-        x2 = targets[i, 2]
-        u0 = BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2
-        u1 = BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2
-        u2 = BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2
-        unorm = math.sqrt(u0 * u0 + u1 * u1 + u2 * u2)
-        if unorm > 0:
-            u0 /= unorm
-            u1 /= unorm
-            u2 /= unorm
-        else:
-            u2 = 1.0
-        kappa = beta * unorm
+    ntarget = targets.shape[0]
+    for blk in prange((ntarget + TARGET_BLOCK - 1) // TARGET_BLOCK):
+        # work arrays once per block of targets, not per target (this loop is the hot path)
         bes = np.empty(L + 1)
-        scaled_bessel(kappa, kappa, bes)
-        tnorm = 0.0  # ‖t‖₂ over the (ℓ, m) of the target's weights t = 4π i_ℓ e^{−κ} Y_ℓm(x')
-        for l in range(L + 1):
-            bes[l] *= 4.0 * math.pi
-            tnorm += bes[l] * bes[l] * (2 * l + 1)
-        tnorm = math.sqrt(tnorm / (4.0 * math.pi))
         row = np.empty(nk)
-        real_harmonics(u0, u1, u2, L, qmm, a, b, bes, row)
         mom = np.empty(nmom)
-        size = _contract(row, coef, nmom, mom)
-        bound = err + noise[0] * tnorm + noise[1] * bes[0] + rounding * size
-        if not (mom[0] > 0.0 and 2.0 * bound <= tol * mom[0]):
-            fallback[i] = 1
-            continue
-        fallback[i] = 0
-        _finish_target(i, x0, x1, x2, 0.0, 0.0, 0.0, mom, BT, beta, V, want_div, velocity,
-                       divergence, mean)
+        for i in range(blk * TARGET_BLOCK, min(ntarget, (blk + 1) * TARGET_BLOCK)):
+            x0 = targets[i, 0]
+            x1 = targets[i, 1]
+            x2 = targets[i, 2]
+            u0 = BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2
+            u1 = BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2
+            u2 = BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2
+            unorm = math.sqrt(u0 * u0 + u1 * u1 + u2 * u2)
+            if unorm > 0:
+                u0 /= unorm
+                u1 /= unorm
+                u2 /= unorm
+            else:
+                u2 = 1.0
+            kappa = beta * unorm
+            scaled_bessel(kappa, kappa, bes)
+            tnorm = 0.0  # ‖t‖₂ of the weights t = 4π i_ℓ e^{−κ} Y_ℓm(x')
+            for l in range(L + 1):
+                bes[l] *= 4.0 * math.pi
+                tnorm += bes[l] * bes[l] * (2 * l + 1)
+            tnorm = math.sqrt(tnorm / (4.0 * math.pi))
+            real_harmonics(u0, u1, u2, L, qmm, a, b, bes, row)
+            size = _contract(row, coef, nmom, mom)
+            bound = err + noise[0] * tnorm + noise[1] * bes[0] + rounding * size
+            if not (mom[0] > 0.0 and 2.0 * bound <= tol * mom[0]):
+                fallback[i] = 1
+                continue
+            fallback[i] = 0
+            _finish_target(i, x0, x1, x2, 0.0, 0.0, 0.0, mom, BT, beta, V, want_div, velocity,
+                           divergence, mean)
 
 
 def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_div, tol, velocity,
