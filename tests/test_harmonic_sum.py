@@ -7,7 +7,8 @@ import pytest
 from scipy.special import eval_legendre, spherical_in
 
 from spherepde.attention import attention_field
-from spherepde.harmonic_sum import _legendre_tables, harmonic_degree, real_harmonics, scaled_bessel
+from spherepde.harmonic_sum import (PAD, _legendre_tables, harmonic_degree, harmonic_row, row_length, scaled_bessel,
+                                    work_arrays)
 from spherepde.initial import VonMisesFisher
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
@@ -23,24 +24,43 @@ def test_scaled_bessel_matches_scipy(kappa):
     np.testing.assert_allclose(ours[big], ref[big], rtol=1e-12)
 
 
-def test_real_harmonics_satisfy_the_addition_theorem():
-    """Σ_m Y_ℓm(x) Y_ℓm(z) = (2ℓ + 1)/(4π) P_ℓ(⟨x, z⟩), including points at the poles."""
-    L = 40
+def _degree_of_entries(L):
+    """Degree ℓ of every harmonic_row entry (−1 for padding), from its documented layout."""
+    half = (L + 1) * (L + 2) // 2 + PAD
+    deg = np.full(row_length(L), -1)
+    for l in range(L + 1):
+        for m in range(l + 1):
+            deg[l * (l + 1) // 2 + m] = l
+            if m > 0:
+                deg[half + l * (l + 1) // 2 + m] = l
+    return deg
+
+
+@pytest.mark.parametrize("L", [1, 6, 40])
+def test_harmonic_row_satisfies_the_addition_theorem(L):
+    """Σ_m Y_ℓm(x) Y_ℓm(z) = (2ℓ + 1)/(4π) P_ℓ(⟨x, z⟩), including points at the poles; the
+    padding and the s₀ entries are exactly 0 (the contraction sums over them); the degree
+    weights multiply degree ℓ."""
     qmm, a, b = _legendre_tables(L)
     rng = np.random.default_rng(0)
     pts = rng.normal(size=(6, 3))
     pts[0] = [0.0, 0.0, 1.0]
     pts[1] = [0.0, 0.0, -1.0]
     pts /= np.linalg.norm(pts, axis=1, keepdims=True)
-    ones = np.ones(L + 1)
-    rows = np.empty((len(pts), (L + 1) ** 2))
+    weights = rng.uniform(0.5, 2.0, L + 1)
+    rows = np.zeros((len(pts), row_length(L)))
+    weighted = np.zeros((len(pts), row_length(L)))
     for i, p in enumerate(pts):
-        real_harmonics(p[0], p[1], p[2], L, qmm, a, b, ones, rows[i])
-    deg = np.concatenate([np.arange(L + 1)] + [np.arange(m, L + 1) for m in range(1, L + 1) for _ in (0, 1)])
+        harmonic_row(p[0], p[1], p[2], L, qmm, a, b, np.ones(L + 1), *work_arrays(L), rows[i])
+        harmonic_row(p[0], p[1], p[2], L, qmm, a, b, weights, *work_arrays(L), weighted[i])
+    deg = _degree_of_entries(L)
+    assert np.all(rows[:, deg < 0] == 0.0)
+    np.testing.assert_allclose(weighted[:, deg >= 0], rows[:, deg >= 0] * weights[deg[deg >= 0]], rtol=1e-14)
     for i in range(len(pts)):
         for j in range(len(pts)):
             c = float(np.clip(pts[i] @ pts[j], -1.0, 1.0))
-            sums = np.bincount(deg, weights=rows[i] * rows[j], minlength=L + 1)
+            keep = deg >= 0
+            sums = np.bincount(deg[keep], weights=(rows[i] * rows[j])[keep], minlength=L + 1)
             exact = (2 * np.arange(L + 1) + 1) / (4 * np.pi) * eval_legendre(np.arange(L + 1), c)
             np.testing.assert_allclose(sums, exact, atol=1e-12)
 
