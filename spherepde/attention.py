@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from .fastmath import LOG2E, exp2_weight, maxnum
 
@@ -413,8 +413,9 @@ DEFAULT_TOL = 1e-10
 TREE_MIN_SOURCES = 3072  # below this the tree's overhead is not worth it
 TREE_MAX_CAP_FRACTION = 0.2  # the tree pays when the weights live on < 20 % of the sphere
 # harmonic cost per target ≈ HARMONIC_PAIRS_PER_TERM·(L+1)² direct pairs (per source: twice that;
-# measured against softmax_blocked in the same runs: 1.8 to 3.0 at nside 16 to 64)
-HARMONIC_PAIRS_PER_TERM = 3.0
+# measured against softmax_blocked in the same runs at nside 8 to 32, β = 3 to 30: 0.9 to 2.1,
+# larger at small L where the per-point overheads weigh more)
+HARMONIC_PAIRS_PER_TERM = 1.5
 
 
 def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
@@ -495,7 +496,8 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         tree_softmax(targets, BT, model.beta, tree.soa, tree.depth, tree.level_offset,
                      tree.node_start, tree.node_end, tree.node_centre, tree.node_cos_r,
                      tree.node_sin_r, tree.node_log_mass, model.V, tol, want_div,
-                     velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor)
+                     velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor,
+                     get_num_threads())
         if stats is not None:
             stats["fallbacks"] = int(fallbacks.sum())
     elif method == "harmonic":

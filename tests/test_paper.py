@@ -2,7 +2,6 @@
 data/paper_table.csv): metric extraction on synthetic time series with known answers, the
 ablation spectra against the issue's statement, the sweep files, the CLI wiring."""
 
-import cmath
 import csv
 import math
 import tomllib

@@ -2,7 +2,6 @@
 solver, a killed run keeps its snapshots, and `spherepde plot`."""
 
 import json
-import math
 import signal
 import time
 

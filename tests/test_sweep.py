@@ -294,7 +294,7 @@ def test_failed_run_replaced_and_resumed_files(tmp_path, capsys):
     --overwrite; an interrupted file is continued and ends equal to a serial run."""
     from distributed import LocalCluster
 
-    text = (f'[sweep]\nname = "f"\n[sweep.grid]\n"model.beta" = [10.0, 30.0]\n"guards.dt_floor" = [1e-12, 1e3]\n'
+    text = ('[sweep]\nname = "f"\n[sweep.grid]\n"model.beta" = [10.0, 30.0]\n"guards.dt_floor" = [1e-12, 1e3]\n'
             + BASE.replace("beta = 3.0\n", ""))
     path = write(tmp_path, text)
     out = tmp_path / "out"
