@@ -418,6 +418,14 @@ TREE_MAX_CAP_FRACTION = 0.2  # the tree pays when the weights live on < 20 % of 
 HARMONIC_PAIRS_PER_TERM = 1.5
 
 
+def tree_cap_fraction(model, targets, tol=DEFAULT_TOL):
+    """The fraction (ln(1/tol) + 5)/(2β|Bᵀx|) of the sphere that the tree visits around a target
+    (median |Bᵀx| over up to 256 of the targets); inf where Bᵀx = 0."""
+    sample = np.asarray(targets)[:: max(1, len(targets) // 256)]
+    bx = float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
+    return (math.log(1.0 / tol) + 5.0) / (2.0 * model.beta * bx) if bx > 0 else math.inf
+
+
 def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
     """The cost model of "auto".
 
@@ -428,11 +436,9 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
     """
     if nsources < TREE_MIN_SOURCES:
         return "direct"
-    sample = np.asarray(targets)[:: max(1, len(targets) // 256)]
-    bx = float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
-    if bx <= 0:
+    fraction = tree_cap_fraction(model, targets, tol)
+    if fraction == math.inf:
         return "direct"
-    fraction = (math.log(1.0 / tol) + 5.0) / (2.0 * model.beta * bx)
     if fraction < TREE_MAX_CAP_FRACTION:
         return "tree"
     from .harmonic_sum import harmonic_degree, tail_target
@@ -489,31 +495,44 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         softmax_direct_reference(targets, BT, model.beta, sources, log_mass, model.V,
                                  want_div, velocity, divergence, mean)
     elif method == "tree":
-        from .tree_sum import SourceTree, tree_softmax
-
-        tree = SourceTree(sources, masses, soa=soa)  # soa: already built above
-        fallbacks = np.zeros(ntarget, dtype=np.int8)
-        tree_softmax(targets, BT, model.beta, tree.soa, tree.depth, tree.level_offset,
-                     tree.node_start, tree.node_end, tree.node_centre, tree.node_cos_r,
-                     tree.node_sin_r, tree.node_log_mass, model.V, tol, want_div,
-                     velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor,
-                     get_num_threads())
+        fallbacks = tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity,
+                              divergence, mean, near_cells, near_delta, log2_factor)
         if stats is not None:
-            stats["fallbacks"] = int(fallbacks.sum())
+            stats["fallbacks"] = fallbacks
     elif method == "harmonic":
         from .harmonic_sum import harmonic_softmax
 
-        degree, redo = harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_div,
-                                        tol, velocity, divergence, mean)
+        degree, redo, how = harmonic_softmax(model, sources, masses, targets, soa, sample, rmax,
+                                             want_div, tol, velocity, divergence, mean)
         if stats is not None:
             stats["degree"] = degree
             stats["fallbacks"] = redo
+            stats["fallback_method"] = how
     else:
         softmax_blocked(targets, BT, model.beta, soa, sample, rmax, model.V, want_div,
                         velocity, divergence, mean, near_cells, near_delta, log2_factor)
     if stats is not None:
         stats["method"] = method
     return velocity, (divergence if want_div else None), mean
+
+def tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity, divergence, mean,
+              near_cells=None, near_delta=None, log2_factor=None):
+    """The tree sums (spherepde.tree_sum) of attention_field, written into velocity, divergence
+    and mean; returns the number of targets the tree summed directly."""
+    from .tree_sum import SourceTree, tree_softmax
+
+    ntarget = targets.shape[0]
+    if near_cells is None:
+        near_cells, near_delta, log2_factor = _near_arrays(None, masses, len(masses), ntarget)
+    tree = SourceTree(sources, masses, soa=soa)  # soa: already built by the caller
+    fallbacks = np.zeros(ntarget, dtype=np.int8)
+    tree_softmax(targets, np.ascontiguousarray(model.B.T), model.beta, tree.soa, tree.depth,
+                 tree.level_offset, tree.node_start, tree.node_end, tree.node_centre,
+                 tree.node_cos_r, tree.node_sin_r, tree.node_log_mass, model.V, tol, want_div,
+                 velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor,
+                 get_num_threads())
+    return int(fallbacks.sum())
+
 
 def _near_arrays(near, masses, nsource, ntarget):
     """(cells, delta, log2_factor) for the kernels: log2_factor[c] = log₂(f_c/μ_max) with

@@ -128,11 +128,10 @@ class ParticleSolver:
             x_new = _normalise(x + dt * v)
             return x_new, (None if log_f is None else log_f - dt * div)
         k_x, k_f = [], []
-        stage_x, stage_f = x, log_f
+        stage_x = x  # d(log f)/dt = −div v(x(t)) does not depend on log f: no stages of it
         for c in (0.0, 0.5, 0.5, 1.0):
             if c > 0:
                 stage_x = _normalise(x + c * dt * k_x[-1])
-                stage_f = None if log_f is None else log_f - c * dt * k_f[-1]
             v, div = self.field(stage_x, weights)
             k_x.append(v)
             k_f.append(div)

@@ -98,19 +98,26 @@ def test_harmonic_matches_direct(beta):
         assert np.max(np.abs(out["harmonic"][1] - out["direct"][1]) / scale) < 1e-8, name
 
 
-def test_hard_targets_fall_back_to_the_direct_sum():
-    """All mass near one point and β = 30: for targets whose kernel points away from it, Z is
-    ~e^{−60} of the expansion's terms; those must be detected and summed directly."""
-    mesh = HealpixMesh(8)
-    model = AttentionModel(np.eye(3), np.eye(3), 30.0)
+@pytest.mark.parametrize("nside, beta, how", [(8, 30.0, "direct"), (16, 30.0, "tree"), (16, 10.0, "direct")])
+def test_hard_targets_are_resummed(nside, beta, how):
+    """All mass near one point: for targets whose kernel points away from it, Z is ~e^{−2κ} of
+    the expansion's terms; those must be detected and re-summed, by the tree where it pays
+    (enough sources, β large enough: attention.tree_cap_fraction < 0.6), else directly. m_β and
+    div v then agree with the direct sum to the tolerance."""
+    mesh = HealpixMesh(nside)
+    rng = np.random.default_rng(nside)
+    model = AttentionModel(np.eye(3) + 0.2 * rng.normal(size=(3, 3)), rng.normal(size=(3, 3)), beta)
     f = VonMisesFisher(np.array([0.0, 0.0, 1.0]), 200.0).cell_averages(mesh)
     x = mesh.edge_points.reshape(-1, 3)
     stats = {}
-    _, _, m = attention_field(model, mesh.centroids, f * mesh.area, x, method="harmonic", stats=stats)
-    m = m.copy()
-    _, _, ref = attention_field(model, mesh.centroids, f * mesh.area, x, method="direct")
-    assert stats["fallbacks"] > 0
-    np.testing.assert_allclose(m, ref, atol=1e-10)
+    _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
+                                stats=stats)
+    m, div = m.copy(), div.copy()
+    _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
+    assert stats["fallbacks"] > 0 and stats["fallback_method"] == how
+    np.testing.assert_allclose(m, ref, atol=2e-10)
+    scale = beta * np.linalg.norm(model.V, 2) * np.linalg.norm(model.B, 2)
+    np.testing.assert_allclose(div, ref_div, atol=4e-10 * scale + 1e-9)
 
 
 def test_cost_model_picks_harmonic_for_many_points_at_moderate_beta():

@@ -14,7 +14,6 @@ so Σ_c area·(df/dt)_c = 0 up to round-off.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 __all__ = [
