@@ -140,15 +140,25 @@ def harmonic_row(x0, x1, x2, L, qmm, a, b, wl, trig, q, row):
     of PAD; the tables are zero-padded, so the extra values are zeros and land where later
     degrees write or in the padding (row: row_length(L) entries, zero-initialised once, so the
     padding stays 0). Work arrays from work_arrays(L)."""
-    re = 1.0
-    im = 0.0
     root2 = math.sqrt(2.0)
     trig[0, 0] = 1.0
     trig[1, 0] = 0.0
-    for m in range(1, L + 1):
-        re, im = re * x0 - im * x1, re * x1 + im * x0  # (x₀ + i x₁)^m
-        trig[0, m] = root2 * re
-        trig[1, m] = root2 * im
+    # (x₀ + i x₁)^m in two interleaved chains (odd and even m, steps of w = (x₀ + i x₁)²): half
+    # the latency of one chain of complex products
+    w_re = x0 * x0 - x1 * x1
+    w_im = 2.0 * x0 * x1
+    odd_re = x0
+    odd_im = x1
+    even_re = w_re
+    even_im = w_im
+    for m in range(1, L + 1, 2):
+        trig[0, m] = root2 * odd_re
+        trig[1, m] = root2 * odd_im
+        if m + 1 <= L:
+            trig[0, m + 1] = root2 * even_re
+            trig[1, m + 1] = root2 * even_im
+        odd_re, odd_im = odd_re * w_re - odd_im * w_im, odd_re * w_im + odd_im * w_re
+        even_re, even_im = even_re * w_re - even_im * w_im, even_re * w_im + even_im * w_re
     cos_m = trig[0]
     sin_m = trig[1]
     q2 = q[0]  # Q_{ℓ−2, ·}
