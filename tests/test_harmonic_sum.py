@@ -149,3 +149,24 @@ def test_many_sources_mixed_density_stays_within_tol():
     assert stats["fallbacks"] < len(x) // 20
     np.testing.assert_allclose(m, m_ref, atol=1e-10)
     assert np.max(np.abs(d - d_ref) / np.maximum(1.0, np.abs(d_ref))) < 1e-8
+
+
+def test_contraction_kernels_match_numpy():
+    """_contract4 (four points × four moments) and _accumulate4 (four sources into the
+    coefficients) against plain numpy matrix products, for the 4- and 12-row coefficient layouts."""
+    from spherepde.harmonic_sum import _accumulate4, _contract4
+
+    rng = np.random.default_rng(7)
+    nk = row_length(9)
+    rows = rng.normal(size=(4, nk))
+    for nmom in (4, 12):
+        coef_t = rng.normal(size=(nmom, nk))
+        mom = np.full((nmom, 8), np.nan)
+        for q0 in range(0, nmom, 4):
+            _contract4(rows, coef_t, q0, mom, 4)
+        np.testing.assert_allclose(mom[:, 4:], coef_t @ rows.T, rtol=1e-12, atol=1e-12)
+        assert np.isnan(mom[:, :4]).all()  # other points untouched
+        g = rng.normal(size=(nmom, 4))
+        acc = coef_t.copy()
+        _accumulate4(rows, g, acc)
+        np.testing.assert_allclose(acc, coef_t + g @ rows, rtol=1e-12, atol=1e-12)
