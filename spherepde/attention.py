@@ -154,6 +154,18 @@ def _block_moments2(a0, a1, a2, h0, h1, h2, c, y0, y1, y2, lw):
 
 
 @njit(cache=True)
+def kernel_direction(BT, scale, x0, x1, x2):
+    """(a₀, a₁, a₂, |a|, â₀, â₁, â₂) for a = scale·Bᵀx and â = a/|a| (â = 0 if a = 0)."""
+    a0 = scale * (BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2)
+    a1 = scale * (BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2)
+    a2 = scale * (BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2)
+    norm = math.sqrt(a0 * a0 + a1 * a1 + a2 * a2)
+    if norm > 0:
+        return a0, a1, a2, norm, a0 / norm, a1 / norm, a2 / norm
+    return a0, a1, a2, norm, 0.0, 0.0, 0.0
+
+
+@njit(cache=True)
 def project_velocity(V, m0, m1, m2, x0, x1, x2, out):
     """out = P_x(V m) = u − ⟨x, u⟩x with u = V m; returns ⟨x, u⟩ (used by the divergence)."""
     u0 = V[0, 0] * m0 + V[0, 1] * m1 + V[0, 2] * m2
@@ -271,20 +283,11 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
         mom = np.zeros((nt, nmom))
         any_exact = False
         for t in range(nt):
-            x0 = targets[i0 + t, 0]
-            x1 = targets[i0 + t, 1]
-            x2 = targets[i0 + t, 2]
-            a0 = scale * (BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2)
-            a1 = scale * (BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2)
-            a2 = scale * (BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2)
-            norm = math.sqrt(a0 * a0 + a1 * a1 + a2 * a2)
+            a0, a1, a2, norm, h[t, 0], h[t, 1], h[t, 2] = kernel_direction(
+                BT, scale, targets[i0 + t, 0], targets[i0 + t, 1], targets[i0 + t, 2])
             a[t, 0] = a0
             a[t, 1] = a1
             a[t, 2] = a2
-            if norm > 0:
-                h[t, 0] = a0 / norm
-                h[t, 1] = a1 / norm
-                h[t, 2] = a2 / norm
             # the exponents λ_j + ⟨a, y_j − â⟩ are ≤ |a| r_max − ⟨a, â⟩ (λ ≤ 0), and their maximum
             # is ≥ that of the sample. Shifting by the sample maximum costs an absolute rounding
             # error ε·(max − shift) in the exponents: allow it only up to SHIFT_SLACK

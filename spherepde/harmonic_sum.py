@@ -46,7 +46,7 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from .attention import _SUMS, _finish_target
+from .attention import _SUMS, _finish_target, kernel_direction
 
 __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "harmonic_row"]
 
@@ -373,21 +373,10 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
             for s in range(GROUP):
                 t = grp * GROUP + s
                 i = min(i0 + t, ntarget - 1)  # padding repeats the last target
-                x0 = targets[i, 0]
-                x1 = targets[i, 1]
-                x2 = targets[i, 2]
-                v0 = BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2
-                v1 = BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2
-                v2 = BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2
-                unorm = math.sqrt(v0 * v0 + v1 * v1 + v2 * v2)
-                if unorm > 0:
-                    v0 /= unorm
-                    v1 /= unorm
-                    v2 /= unorm
-                else:
-                    v0 = 0.0
-                    v1 = 0.0
-                    v2 = 1.0
+                _, _, _, unorm, v0, v1, v2 = kernel_direction(BT, 1.0, targets[i, 0], targets[i, 1],
+                                                              targets[i, 2])
+                if unorm == 0.0:
+                    v2 = 1.0  # κ = 0: any unit vector (only ℓ = 0 contributes)
                 kappa = beta * unorm
                 # a scaled orthogonal B: one κ for all targets, up to rounding (a relative change
                 # of 1e-14 in κ changes the weights' ratios by ~1e-14·ℓ: far below tol)

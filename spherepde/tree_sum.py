@@ -35,7 +35,7 @@ import numpy as np
 from numba import njit, prange
 
 from .attention import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
-                        add_near_field,
+                        add_near_field, kernel_direction,
                         source_arrays)
 from .fastmath import LOG2E
 
@@ -227,21 +227,11 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
             c0 = c1 = c2 = 0.0
             amin = np.inf
             for t in range(nt):
-                x0 = targets[i0 + t, 0]
-                x1 = targets[i0 + t, 1]
-                x2 = targets[i0 + t, 2]
-                a0 = scale * (BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2)
-                a1 = scale * (BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2)
-                a2 = scale * (BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2)
-                norm = math.sqrt(a0 * a0 + a1 * a1 + a2 * a2)
+                a0, a1, a2, norm, h[t, 0], h[t, 1], h[t, 2] = kernel_direction(
+                    BT, scale, targets[i0 + t, 0], targets[i0 + t, 1], targets[i0 + t, 2])
                 a[t, 0] = a0
                 a[t, 1] = a1
                 a[t, 2] = a2
-                h[t, 0] = h[t, 1] = h[t, 2] = 0.0
-                if norm > 0:
-                    h[t, 0] = a0 / norm
-                    h[t, 1] = a1 / norm
-                    h[t, 2] = a2 / norm
                 c0 += h[t, 0]
                 c1 += h[t, 1]
                 c2 += h[t, 2]
