@@ -74,13 +74,19 @@ def _series(ds, name, prefix=""):
     return np.asarray(ds["time"].values, dtype=float), np.asarray(ds[prefix + name].values, dtype=float)
 
 
+def _first_extremum(ds, name, prefix, nanarg):
+    """(the extremum over save times of a series, the first time it is reached); nanarg is
+    np.nanargmax or np.nanargmin. NaNs if the series has no finite value."""
+    t, s = _series(ds, name, prefix)
+    if not np.any(np.isfinite(s)):
+        return math.nan, math.nan
+    k = int(nanarg(s))
+    return float(s[k]), float(t[k])
+
+
 def max_alignment(ds, prefix=""):
     """(max over save times of the alignment with E, the first time it is reached)."""
-    t, a = _series(ds, "alignment_E", prefix)
-    if not np.any(np.isfinite(a)):
-        return math.nan, math.nan
-    k = int(np.nanargmax(a))
-    return float(a[k]), float(t[k])
+    return _first_extremum(ds, "alignment_E", prefix, np.nanargmax)
 
 
 def f_phase_onset(ds, prefix="", tol=ONSET_TOL):
@@ -104,11 +110,7 @@ def f_phase_onset(ds, prefix="", tol=ONSET_TOL):
 
 def u_curve_minimum(ds, prefix=""):
     """(min over save times of W₂(ρ_t, Π#ρ₀), the first time it is reached)."""
-    t, w = _series(ds, "w2_to_projection", prefix)
-    if not np.any(np.isfinite(w)):
-        return math.nan, math.nan
-    k = int(np.nanargmin(w))
-    return float(w[k]), float(t[k])
+    return _first_extremum(ds, "w2_to_projection", prefix, np.nanargmin)
 
 
 def value_at(ds, name, t_query, prefix=""):
