@@ -31,7 +31,7 @@ nside = {nside}
 
 [time]
 t_end = {t_end}
-save_every = 0.1
+save_every = {save_every}
 """
 QUADRATURE = '\n[particles]\nmode = "quadrature"\ndt = 0.05\n'
 TOKENS = '\n[particles]\nmode = "tokens"\nn = 40\nseed = 3\ndt = 0.05\n'
@@ -48,9 +48,9 @@ def one_numba_thread():
     numba.set_num_threads(threads)
 
 
-def write_config(directory, name, particles="", nside=4, t_end=0.6):
+def write_config(directory, name, particles="", nside=4, t_end=0.6, save_every=0.1):
     path = directory / f"{name}.toml"
-    path.write_text(CONFIG.format(nside=nside, t_end=t_end) + particles)
+    path.write_text(CONFIG.format(nside=nside, t_end=t_end, save_every=save_every) + particles)
     return path
 
 
@@ -304,7 +304,9 @@ def test_one_writer_per_file_and_sigterm(reference, tmp_path, capsys):
     """While a run writes a file, a second run on it is refused (lock, exit 2) even with
     --overwrite, and the file is left alone; SIGTERM ends the first run with exit 143, its
     snapshots kept and its lock removed."""
-    cfg = write_config(tmp_path, "long", t_end=40.0)  # long enough not to end before SIGTERM
+    # long enough not to end before SIGTERM: ~40 s when idle (t_end = 40 took 4 s, and a fresh
+    # environment compiling the in-process runs below once let it finish first)
+    cfg = write_config(tmp_path, "long", t_end=400.0, save_every=1.0)
     out = tmp_path / "long.nc"
     proc = start_run(cfg, "-o", out)
     try:
