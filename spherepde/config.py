@@ -7,7 +7,9 @@ A config has the sections
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
                    summation ("auto" | "direct" | "tree" | "harmonic"), tolerance (of the tree, relative, in
-                   (0, 1e-3]), near_field (true: exact kernel integrals near the peak)
+                   (0, 1e-3]), near_field (true: exact kernel integrals near the peak),
+                   velocity_tolerance (0: exact velocity at every stage; ε in (0, 0.1]: evaluate it
+                   every Δ and extrapolate, relative edge-flux error ≈ ε/2)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -43,7 +45,7 @@ DEFAULTS = {
     "model": {"beta": None, "B": None, "V": None},
     "initial": {"kind": "uniform"},
     "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
-                 "tolerance": 1e-10, "near_field": True},
+                 "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -209,6 +211,8 @@ def resolve(raw: dict) -> dict:
         raise ConfigError('[eulerian] summation: must be "auto", "direct", "tree" or "harmonic", '
                           f'got {eul["summation"]!r}')
     eul["tolerance"] = _number("eulerian", "tolerance", eul["tolerance"], positive=True, high=1e-3)
+    eul["velocity_tolerance"] = _number("eulerian", "velocity_tolerance", eul["velocity_tolerance"],
+                                        low=0.0, high=0.1)
     if not isinstance(eul["near_field"], bool):
         raise ConfigError(f"[eulerian] near_field: must be true or false, got {eul['near_field']!r}")
 

@@ -1,11 +1,15 @@
 """The Eulerian mean-field solver: finite-volume transport in the attention velocity of f itself.
 
-∂_t f + div_S(f v[f]) = 0 with v[f] the attention field (spherepde.attention). The velocity is
-recomputed from the current stage density at every Runge–Kutta stage, at the edge quadrature
-points. Along the way the solver records the quantities of the density lower bound:
-ℓ₀ = min f₀, min f_t, sup_x div_S v (evaluated at the cell centroids after every step) and its
-time integral (trapezoidal rule), which give the a-posteriori bound ℓ₀·exp(−∫₀ᵗ sup div v ds)
-and the paper's form ½ℓ₀e^{−C₀t}.
+∂_t f + div_S(f v[f]) = 0 with v[f] the attention field (spherepde.attention). By default the
+velocity is recomputed from the current stage density at every Runge–Kutta stage, at the edge
+quadrature points. With velocity_tolerance ε > 0 it is evaluated exactly only every Δ in time and
+extrapolated linearly in between (spherepde.extrapolated_flux), Δ steered so that the measured
+relative extrapolation error stays near ε/2; after each snapshot the history restarts (one step
+with exact stages), so that a resumed run repeats the uninterrupted one exactly.
+Along the way the solver records the quantities of the density lower bound:
+ℓ₀ = min f₀, min f_t, sup_x div_S v (evaluated at the cell centroids after every step, or at
+every exact velocity evaluation when ε > 0) and its time integral (trapezoidal rule), which give
+the a-posteriori bound ℓ₀·exp(−∫₀ᵗ sup div v ds) and the paper's form ½ℓ₀e^{−C₀t}.
 
 Every step passes the run guards (spherepde.guards), which raise RunFailure with the time, the
 cell and the state at failure. A run can be continued from any snapshot: the record of a
@@ -22,6 +26,7 @@ import numpy as np
 import xarray as xr
 
 from .attention import DEFAULT_TOL, AttentionField
+from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
@@ -35,13 +40,16 @@ SNAPSHOT_META = {
     "min_density": ("min over cells of f_t", "sr-1"),
     "max_density": ("max over cells of f_t", "sr-1"),
     "sup_div": ("sup over cell centroids of div_S v", "1"),
-    "integrated_sup_div": ("∫_0^t sup_x div_S v ds (trapezoidal over steps)", "1"),
+    "integrated_sup_div": ("∫_0^t sup_x div_S v ds (trapezoidal over steps, or over exact velocity evaluations)", "1"),
     "lower_bound_aposteriori": ("ℓ₀ exp(−∫_0^t sup div_S v ds): a-posteriori density lower bound", "sr-1"),
     "steps": ("time steps taken since t = 0", "1"),
     # the rest of the solver state, so that a run can continue from any snapshot (--resume)
     "steps_rejected": ("rejected time steps since t = 0", "1"),
     "step_safety": ("factor of the step-size controller after the last step", "1"),
     "max_sup_div": ("largest sup div v over all steps so far", "1"),
+    "velocity_interval": ("time between exact velocity evaluations (0: every Runge–Kutta stage)", "1"),
+    "velocity_lag_error": ("largest measured relative error of the extrapolated edge fluxes since the "
+                           "previous snapshot (0: exact velocity at every stage)", "1"),
 }
 
 
@@ -58,13 +66,15 @@ class SolverState:
     sup_div: float
     integral: float
     max_sup_div: float
+    velocity_interval: float = 0.0
 
     @classmethod
     def from_record(cls, index, density, record):
         """The state of a snapshot from its density and its SNAPSHOT_META record."""
         return cls(index, np.array(density, dtype=float), float(record["step_safety"]),
                    int(record["steps"]), int(record["steps_rejected"]), float(record["sup_div"]),
-                   float(record["integrated_sup_div"]), float(record["max_sup_div"]))
+                   float(record["integrated_sup_div"]), float(record["max_sup_div"]),
+                   float(record["velocity_interval"]))
 
 
 class EulerianSolver:
@@ -74,11 +84,13 @@ class EulerianSolver:
     tolerances of the run guards (spherepde.guards.Guards; defaults never fire on a healthy run).
     summation ("auto" | "direct" | "tree") and tolerance: the attention sums (attention_field);
     near_field: exact kernel integrals over the cells around the peak (AttentionField).
+    velocity_tolerance: 0 (exact velocity at every stage) or ε > 0, the relative error allowed
+    to the edge fluxes extrapolated between exact evaluations (ExtrapolatedFlux).
     """
 
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
-                 near_field: bool = True):
+                 near_field: bool = True, velocity_tolerance: float = 0.0):
         check_model(model.B, model.V, model.beta)
         self.mesh = mesh
         self.model = model
@@ -95,7 +107,13 @@ class EulerianSolver:
         # whether any target gets near-field corrections (recorded in the output file)
         self.near_field_active = self._edge_field.near is not None or self._cell_field.near is not None
         self._un = np.empty(mesh.edge_weights.shape)
-        self.stepper = SSPStepper(self.operator, self.edge_flux, order=rk_order, cfl=cfl,
+        self.velocity_tolerance = float(velocity_tolerance)
+        self._lag = None
+        stage_flux = self.edge_flux
+        if self.velocity_tolerance > 0:
+            self._lag = ExtrapolatedFlux(self.velocity_tolerance, 0.0, mesh.edge_weights.shape)
+            stage_flux = self._stage_flux
+        self.stepper = SSPStepper(self.operator, stage_flux, order=rk_order, cfl=cfl,
                                   dt_floor=self.guards.dt_floor)
 
     def edge_flux(self, t, f):
@@ -104,6 +122,18 @@ class EulerianSolver:
         kernels.edge_normal_flux(v.reshape(self.mesh.edge_points.shape), self.mesh.edge_normals,
                                  self.mesh.edge_weights, self._un)
         return self._un
+
+    def _stage_flux(self, t, f):
+        """Stage fluxes when the velocity is extrapolated: the stored exact fluxes at the last
+        refresh, the extrapolation where it is usable, else (cold) the exact fluxes."""
+        lag = self._lag
+        if t == lag.last_time:
+            return lag.latest
+        return lag.predict(t) if lag.usable(t) else self.edge_flux(t, f)
+
+    def _refresh(self, t, f) -> float:
+        """Exact edge fluxes at (t, f) into the extrapolation history."""
+        return self._lag.refresh(t, self.edge_flux(t, f))
 
     def velocity_at_cells(self, f):
         """(v, div_S v, m_β) at the cell centroids for the density f."""
@@ -144,19 +174,37 @@ class EulerianSolver:
         rejected_before = self.stepper.rejected - start.rejected
         self.stepper.safety = start.safety  # the step-size controller has state
         state = {"t": times[start.index], "sup_div": start.sup_div, "integral": start.integral,
-                 "max_sup_div": max(start.max_sup_div, start.sup_div)}
+                 "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index]}
         self.last_run = state
+        lag = self._lag
+        if lag is not None:
+            lag.interval = start.velocity_interval
+            lag.reset()
+            self._refresh(times[start.index], f)
+            lag.reset()
+            lag.clear_error()
 
         def after_step(t, fnew):
             self.guards.courant(t, fnew, self.stepper.last_courant, self.stepper.last_courant_cell,
                                 self.courant_limit)
-            s = self._checked_sup_divergence(t, fnew, mass0)
+            if lag is not None:
+                self.guards.density(t, fnew, mesh.integrate(fnew), mass0)
+                dt, state["t_step"] = t - state["t_step"], t
+                if t != state["t_save"] and not lag.due(t, dt):
+                    return
+                self._refresh(t, fnew)
+                div = self.velocity_at_cells(fnew)[1]
+                self.guards.divergence(t, fnew, div)
+                s = float(div.max())
+            else:
+                s = self._checked_sup_divergence(t, fnew, mass0)
             state["integral"] += 0.5 * (state["sup_div"] + s) * (t - state["t"])
             state["t"], state["sup_div"] = t, s
             state["max_sup_div"] = max(state["max_sup_div"], s)
 
         for k in range(first, len(times)):
             t_save = times[k]
+            state["t_save"] = t_save
             if k > 0:
                 try:
                     f = self.stepper.advance(f, times[k - 1], t_save, callback=after_step)
@@ -165,6 +213,12 @@ class EulerianSolver:
                                      exc.t, f"cell {exc.cell} (fastest outflow)", density=exc.density) from None
             state["rejected"] = self.stepper.rejected - rejected_before
             state["ell0"] = ell0
+            lag_error = 0.0
+            if lag is not None:
+                lag_error = lag.max_error
+                lag.clear_error()
+                if k > 0:
+                    lag.reset()
             yield k, t_save, f, {
                 "time": t_save,
                 "mass": mesh.integrate(f),
@@ -177,6 +231,8 @@ class EulerianSolver:
                 "steps_rejected": state["rejected"],
                 "step_safety": self.stepper.safety,
                 "max_sup_div": state["max_sup_div"],
+                "velocity_interval": 0.0 if lag is None else lag.interval,
+                "velocity_lag_error": lag_error,
             }
 
     def run(self, f0, t_end: float, save_every: float, C0: float | None = None,
@@ -218,7 +274,7 @@ class EulerianSolver:
                                       "cell_ids": ("cells", mesh.cell_ids.astype(np.uint64))})
         ds.attrs.update({
             "nside": mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
-            "beta": self.model.beta, "ell0": ell0, "C0": c0,
+            "velocity_tolerance": self.velocity_tolerance, "beta": self.model.beta, "ell0": ell0, "C0": c0,
             "C0_source": "largest sup div v seen in the run" if c0_default else "user",
             "rejected_steps": rejected,
         })

@@ -117,7 +117,8 @@ class _Setup:
         self.solver = EulerianSolver(mesh, model, scheme=eul["scheme"], cfl=eul["cfl"],
                                      rk_order=eul["rk_order"], guards=Guards(**config["guards"]),
                                      summation=eul["summation"], tolerance=eul["tolerance"],
-                                     near_field=eul["near_field"])
+                                     near_field=eul["near_field"],
+                                     velocity_tolerance=eul["velocity_tolerance"])
         self.measure = measure = _CellMeasure(mesh, model, dg["p"])
         self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
                                               w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
@@ -135,6 +136,7 @@ class _Setup:
             "nside": mesh.nside, "scheme": eul["scheme"], "cfl": eul["cfl"], "rk_order": eul["rk_order"],
             "summation": eul["summation"], "tolerance": eul["tolerance"],
             "near_field": int(self.solver.near_field_active),
+            "velocity_tolerance": eul["velocity_tolerance"],
             "beta": "inf" if model.zero_temperature else model.beta,
             "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
             "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,

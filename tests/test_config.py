@@ -49,6 +49,8 @@ BAD = [
     ("bad summation", lambda t: t.replace("nside = 4", 'nside = 4\nsummation = "fmm"'), ["[eulerian] summation", "fmm"]),
     ("bad tolerance", lambda t: t.replace("nside = 4", "nside = 4\ntolerance = 0.5"), ["[eulerian] tolerance", "<= 0.001"]),
     ("bad near_field", lambda t: t.replace("nside = 4", 'nside = 4\nnear_field = "yes"'), ["[eulerian] near_field", "true or false"]),
+    ("velocity tolerance", lambda t: t.replace("nside = 4", "nside = 4\nvelocity_tolerance = -0.1"), ["[eulerian] velocity_tolerance", ">= 0"]),
+    ("velocity tolerance large", lambda t: t.replace("nside = 4", "nside = 4\nvelocity_tolerance = 0.5"), ["[eulerian] velocity_tolerance", "<= 0.1"]),
     ("guard tolerance", lambda t: t + "\n[guards]\nmass_tolerance = -1.0\n", ["[guards] mass_tolerance", "> 0"]),
     ("guard key", lambda t: t + "\n[guards]\nnan_check = false\n", ["[guards] nan_check", "unknown key"]),
     ("guard dt_floor", lambda t: t + '\n[guards]\ndt_floor = "small"\n', ["[guards] dt_floor", "a number"]),
