@@ -25,6 +25,12 @@ Reliability:
   limit: a failure while HDF5 adds chunk-index nodes made the file unreadable);
 - a write error (full disk, quota, I/O error) raises WriteError; the file keeps every complete
   snapshot;
+- Fletcher-32 covers a chunk's bytes but not HDF5's chunk index, which maps chunks to time
+  indices (measured: one flipped bit there served a snapshot's chunk at another index and left
+  one unread); so every snapshot carries snapshot_digest, a SHA-256 of its time index and its
+  values (the variables named in the digest's `covers`), written before its marker and checked
+  on every read against the values as loaded; the series rewritten at the end of a run (`rewritten`) are covered instead by
+  series_digest, an attribute of the end of the run (checked once the run is complete);
 - HDF5 does not checksum attributes and names, so the file carries its own: layout_digest covers
   the names, dimensions, types and attributes fixed when the file is created (config included),
   end_digest the attributes of the end of the run (RUN_END_ATTRS), rewritten with them;
@@ -58,7 +64,9 @@ SNAPSHOT_REGULAR, SNAPSHOT_FAILURE = 0, 1
 # global attributes written at the end of a run (or at a failure, or a resumption); every other
 # attribute is fixed when the file is created
 RUN_END_ATTRS = ("complete", "C0", "steps", "rejected_steps", "wall_seconds", "particle_field_evaluations",
-                 "failure", "failure_time", "history")
+                 "failure", "failure_time", "history", "series_digest")
+SNAPSHOT_DIGEST = "snapshot_digest"
+UNDIGESTED = ("snapshot_complete", SNAPSHOT_DIGEST)  # the marker is written after the digest
 DIGESTS = ("layout_digest", "end_digest")
 PARSE_SECONDS = 30.0  # time granted to HDF5 to read a small file before it counts as hanging
 
@@ -93,6 +101,43 @@ def _digest(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _hash_value(h, name, value):
+    """Feed one named value, as its stored bytes, to the SHA-256 h."""
+    h.update(name.encode())
+    h.update(np.ascontiguousarray(value).tobytes())
+
+
+def _hash_int(h) -> int:
+    """The first 8 bytes of the SHA-256 h as an int64 (what a digest variable stores)."""
+    return int(np.frombuffer(h.digest()[:8], dtype="<i8")[0])
+
+
+def _value_digest(head: bytes, named_values) -> int:
+    """The int64 digest of head and (name, value as stored) pairs, in the order given."""
+    h = hashlib.sha256(head)
+    for name, value in named_values:
+        _hash_value(h, name, value)
+    return _hash_int(h)
+
+
+def _snapshot_digest(index: int, stored: dict, covers) -> int:
+    """The digest of snapshot `index`: its time index and the values it stored, name by name."""
+    return _value_digest(np.int64(index).tobytes(), ((name, stored[name]) for name in covers))
+
+
+def _series_digest(nc, names) -> str:
+    """The digest of the series rewritten at the end of a run (every slot), 16 hex digits (the
+    fixed width lets the attribute be replaced in place: SERIES_DIGEST_PLACEHOLDER)."""
+    return _hex_series_digest((name, nc.variables[name][...]) for name in names)
+
+
+def _hex_series_digest(named_values) -> str:
+    return f"{_value_digest(b'series', named_values) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+SERIES_DIGEST_PLACEHOLDER = "0" * 16
+
+
 def _layout(nc) -> dict:
     """What is fixed at creation: names, dimensions, types and attributes (not the time length)."""
     return {
@@ -119,12 +164,14 @@ class RunWriter:
     dims: extra dimensions name → size (e.g. particle, xyz); arrays: per-time arrays over them,
     name → (dims without time, long_name, units); static: arrays without time,
     name → (dims, values, long_name, units). n_snapshots: slots written at creation (_reserve).
+    rewritten: the variables whose series set_variable rewrites at the end of the run (outside
+    the snapshot digests, covered by series_digest once the run is complete).
     Every method that writes raises WriteError when the file system refuses.
     """
 
     def __init__(self, path, mesh, config: dict, variables: dict, attrs: dict | None = None,
                  dims: dict | None = None, arrays: dict | None = None, static: dict | None = None,
-                 n_snapshots: int = 1):
+                 n_snapshots: int = 1, rewritten=()):
         import netCDF4
 
         from . import __version__
@@ -132,6 +179,10 @@ class RunWriter:
         self.path = str(path)
         self.variables = dict(variables)
         self.arrays = dict(arrays or {})
+        self.rewritten = sorted(rewritten)
+        unknown = set(self.rewritten) - set(self.variables)
+        if unknown:
+            raise ValueError(f"rewritten variables are not declared: {sorted(unknown)}")
         self.next_index = 0
         with self._writing("the file header"):
             self._nc = nc = netCDF4.Dataset(self.path, "w", format="NETCDF4")
@@ -147,6 +198,8 @@ class RunWriter:
                     "config": json.dumps(config),
                     "complete": 0,
                 }
+                if self.rewritten:  # set at the end: in place, the file does not grow then
+                    glob["series_digest"] = SERIES_DIGEST_PLACEHOLDER
                 glob.update({k: _attr_value(v) for k, v in (attrs or {}).items()})
                 nc.setncatts(glob)
                 nc.setncatts({"layout_digest": _digest(_layout(nc)), "end_digest": _digest(_run_end(nc))})
@@ -198,6 +251,12 @@ class RunWriter:
             {"long_name": "0: regular snapshot; 1: state at a guard failure", "units": "1",
              "flag_values": np.array([SNAPSHOT_REGULAR, SNAPSHOT_FAILURE], dtype=np.int8),
              "flag_meanings": "regular failure_state"})
+        covers = sorted(name for name, var in nc.variables.items() if var.dimensions[:1] == ("time",)
+                        and name not in UNDIGESTED and name not in self.rewritten)
+        per_time(SNAPSHOT_DIGEST, "i8", fill_value=False).setncatts(
+            {"long_name": "SHA-256 (first 8 bytes) of the time index and the values of the snapshot",
+             "units": "1", "covers": " ".join(covers), "rewritten": " ".join(self.rewritten)})
+        self._covers = covers
 
     def _reserve(self, n_snapshots):
         """Write every snapshot slot now (NaN, marked incomplete), so that the file has its final
@@ -228,6 +287,10 @@ class RunWriter:
         self.next_index = int(next_index)
         with self._writing("the file (reopened to resume it)"):
             self._nc = netCDF4.Dataset(self.path, "a")
+        digest = self._nc.variables.get(SNAPSHOT_DIGEST)
+        # files from before the digests get none
+        self._covers = digest.getncattr("covers").split() if digest is not None else None
+        self.rewritten = digest.getncattr("rewritten").split() if digest is not None else []
         missing = sorted((set(self.variables) | set(self.arrays)) - set(self._nc.variables))
         if missing:
             self._nc.close()
@@ -263,17 +326,20 @@ class RunWriter:
             if k < len(nc.dimensions["time"]) and np.ma.filled(nc.variables["snapshot_complete"][k], 0) == 1:
                 nc.variables["snapshot_complete"][k] = 0  # overwriting a failure state
                 self._flush()
-            nc.variables["density"][k, :] = np.asarray(density, dtype=float)
+            # every value as stored, for the digest
+            stored = {"density": np.asarray(density, dtype=float), "snapshot_kind": np.int8(kind),
+                      "time": np.float64(time)}
             for name in self.arrays:
                 value = (arrays or {}).get(name)
-                var = nc.variables[name]
-                nc.variables[name][k, ...] = (np.full(var.shape[1:], math.nan) if value is None
-                                              else np.asarray(value, dtype=float))
+                stored[name] = (np.full(nc.variables[name].shape[1:], math.nan) if value is None
+                                else np.asarray(value, dtype=float))
             for name in self.variables:
                 value = values.get(name, math.nan)
-                nc.variables[name][k] = math.nan if value is None else float(value)
-            nc.variables["snapshot_kind"][k] = kind
-            nc.variables["time"][k] = float(time)
+                stored[name] = np.float64(math.nan if value is None else value)
+            for name, value in stored.items():
+                nc.variables[name][k, ...] = value
+            if self._covers is not None:
+                nc.variables[SNAPSHOT_DIGEST][k] = _snapshot_digest(k, stored, self._covers)
             self._flush()
             # written last, in its own flush: a snapshot interrupted mid-write stays marked 0
             nc.variables["snapshot_complete"][k] = 1
@@ -303,7 +369,12 @@ class RunWriter:
     def close(self, complete: bool = True):
         if self._nc.isopen():
             if complete:
-                self.set_run_attrs({"complete": 1})
+                end = {"complete": 1}
+                if self.rewritten:
+                    with self._writing("the end of the run"):
+                        self._nc.set_auto_mask(False)  # the values as stored
+                        end["series_digest"] = _series_digest(self._nc, self.rewritten)
+                self.set_run_attrs(end)
             with self._writing("the end of the run"):
                 self._nc.close()
 
@@ -345,10 +416,12 @@ def _load(path):
         if name not in ds.variables:
             raise RunFileError(f"{path}: not a spherepde run file (no variable {name})")
     if not end_ok:
+        ds.attrs.pop("series_digest", None)
         for name in RUN_END_ATTRS:
             ds.attrs.pop(name, None)
         ds.attrs.update(complete=0, warning="the attributes of the end of the run do not match their "
                         "checksum (damaged, or written when the run was killed): dropped, --resume recomputes them")
+    _check_values(path, ds)
     return ds
 
 
@@ -413,6 +486,34 @@ def _verify(path):
         layout_ok = "layout_digest" not in names or nc.getncattr("layout_digest") == _digest(_layout(nc))
         end_ok = "end_digest" not in names or nc.getncattr("end_digest") == _digest(_run_end(nc))
     return layout_ok, end_ok
+
+
+def _check_values(path, ds):
+    """The values as loaded (not as the checking child read them: a chunk the damaged index
+    loses reads as whatever memory held) against snapshot_digest and series_digest. Raises
+    RunFileError."""
+    if SNAPSHOT_DIGEST not in ds:  # a file from before the digests
+        return
+    digest = ds[SNAPSHOT_DIGEST]
+    covers = digest.attrs["covers"].split()
+    if not all(name in ds for name in covers):  # a changed layout: refused by the layout digest, or
+        return                                  # where the missing variable is needed
+    complete = np.nonzero(ds["snapshot_complete"].values == 1)[0]
+    bad = [int(k) for k in complete
+           if _snapshot_digest(int(k), {name: ds[name].values[k] for name in covers}, covers) != digest.values[k]]
+    if bad:
+        raise RunFileError(f"{path}: damaged run file (snapshot {', '.join(map(str, bad))} does not "
+                           f"match its checksum {SNAPSHOT_DIGEST})")
+    finished = int(ds.attrs.get("complete", 0)) == 1
+    if finished and complete.size != ds["snapshot_complete"].size:  # a finished run fills every slot
+        lost = np.nonzero(ds["snapshot_complete"].values != 1)[0]
+        raise RunFileError(f"{path}: damaged run file (the run finished, but snapshot "
+                           f"{', '.join(map(str, lost))} is not marked written)")
+    rewritten = digest.attrs["rewritten"].split()
+    if finished and "series_digest" in ds.attrs and rewritten:
+        if _hex_series_digest((name, ds[name].values) for name in rewritten) != ds.attrs["series_digest"]:
+            raise RunFileError(f"{path}: damaged run file (the series rewritten at the end of the run do "
+                               "not match their checksum series_digest)")
 
 
 def _snapshot_flags(ds):

@@ -174,7 +174,8 @@ class _Setup:
 
     def writer(self, path, n_snapshots):
         return RunWriter(path, self.mesh, self.config, self.variables, self.attrs, dims=self.dims,
-                         arrays=self.arrays, static=self.static, n_snapshots=n_snapshots)
+                         arrays=self.arrays, static=self.static, n_snapshots=n_snapshots,
+                         rewritten=tuple(self.paper_curves([0.0], 0.0)))
 
     def paper_curves(self, times, c0):
         times = np.asarray(times, dtype=float)

@@ -269,6 +269,34 @@ def test_metadata_changed_behind_the_writer(run_files, tmp_path):
     assert ds.attrs["complete"] == 0 and "C0" not in ds.attrs and "checksum" in ds.attrs["warning"]
 
 
+
+@pytest.mark.parametrize("damage", ["snapshot served at another index", "rewritten series",
+                                    "finished run missing a snapshot", "particle array"])
+def test_values_that_do_not_match_their_time_index_are_refused(run_files, tmp_path, damage):
+    """What a damaged chunk index does (measured: one flipped bit served a snapshot's chunk at
+    another time index, and left another unread), done here through HDF5 itself, so that every
+    chunk checksum is valid: only the snapshot digests can see it."""
+    import netCDF4
+
+    _, done = run_files
+    path = tmp_path / "moved.nc"
+    path.write_bytes(done.read_bytes())
+    with netCDF4.Dataset(path, "a") as nc:
+        if damage == "snapshot served at another index":
+            nc.variables["density"][3, :] = nc.variables["density"][2, :]
+            expected = "snapshot 3 does not match its checksum snapshot_digest"
+        elif damage == "rewritten series":
+            nc.variables["lower_bound_paper"][1] = nc.variables["lower_bound_paper"][2]
+            expected = "series_digest"
+        elif damage == "finished run missing a snapshot":
+            nc.variables["snapshot_complete"][2] = 0
+            expected = "snapshot 2 is not marked written"
+        else:
+            nc.variables["positions"][1, 0, :] = nc.variables["positions"][0, 0, :]
+            expected = "snapshot 1 does not match"
+    with pytest.raises(RunFileError, match=expected):
+        open_run(path)
+
 @pytest.mark.parametrize("damage", ["empty", "text", "half", "flipped density", "foreign netcdf"])
 def test_plot_and_resume_of_damaged_files_exit_2(run_files, tmp_path, capsys, damage):
     cfg, done = run_files
