@@ -140,3 +140,14 @@ def test_extrapolated_run_resumes_from_a_snapshot(lag_runs):
         np.testing.assert_allclose(f, full.density.values[k], rtol=1e-12, atol=0)
         assert rec["steps"] == full.steps.values[k]
         assert rec["velocity_interval"] == pytest.approx(full.velocity_interval.values[k], rel=1e-12)
+
+
+def test_coarsening_of_the_lag_validation(mesh_factory):
+    """validation.velocity_lag compares meshes through NESTED coarsening: the mean of the four
+    children's exact cell averages is the parent's exact cell average (equal areas)."""
+    from validation.velocity_lag import coarsen
+
+    law = VonMisesFisher([0.3, -0.5, 0.8], 5.0)
+    fine, coarse = mesh_factory(16), mesh_factory(8)
+    np.testing.assert_allclose(coarsen(law.cell_averages(fine, order=8)), law.cell_averages(coarse, order=8),
+                               rtol=1e-10)

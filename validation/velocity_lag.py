@@ -17,6 +17,7 @@ onto the nside-N cells (NESTED: the four children of cell p are 4p … 4p + 3).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Extrapolated velocities: lag error against discretisation error (β = {BETA:g}, "
              f"uniform start, t ≤ {args.t_end:g})", "",
-             "`python -m validation.velocity_lag " + " ".join(argv or []) + "`", "",
+             "`python -m validation.velocity_lag " + " ".join(sys.argv[1:] if argv is None else argv) + "`", "",
              "| nside | ε | wall (s) | speed-up | exact edge evaluations | steps | max measured flux error "
              "| lag error max_t ∫\\|f_ε − f_0\\| dA | discretisation error of f_0 (vs 2·nside) |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
