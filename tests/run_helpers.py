@@ -16,6 +16,9 @@ ENV = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
 ROUND_OFF = 1e-12
 # when and where a file was written (config holds the output path), and the digests over them
 CHANGING_ATTRS = {"created", "wall_seconds", "history", "config", "layout_digest", "end_digest"}
+# checksums of values that runs on different thread counts reproduce only to round-off: open_run
+# checks them, and the values they cover are compared to round-off instead
+VALUE_DIGESTS = {"snapshot_digest", "series_digest"}
 
 
 def start_run(*args):
@@ -50,11 +53,12 @@ def run_difference(a, b):
     attributes must agree except those that record when and where."""
     ds_a, ds_b = open_run(a), open_run(b)
     assert set(ds_a.variables) == set(ds_b.variables)
-    assert ({k: str(v) for k, v in ds_a.attrs.items() if k not in CHANGING_ATTRS | {"C0"}}
-            == {k: str(v) for k, v in ds_b.attrs.items() if k not in CHANGING_ATTRS | {"C0"}})
+    skip = CHANGING_ATTRS | VALUE_DIGESTS | {"C0"}
+    assert ({k: str(v) for k, v in ds_a.attrs.items() if k not in skip}
+            == {k: str(v) for k, v in ds_b.attrs.items() if k not in skip})
     assert relative_difference(ds_a.attrs["C0"], ds_b.attrs["C0"]) <= ROUND_OFF
     worst = 0.0
-    for name in ds_a.variables:
+    for name in set(ds_a.variables) - VALUE_DIGESTS:
         x, y = ds_a[name].values, ds_b[name].values
         assert x.shape == y.shape, name
         if x.dtype.kind in "fiu":
