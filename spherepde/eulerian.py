@@ -179,9 +179,8 @@ class EulerianSolver:
         lag = self._lag
         if lag is not None:
             lag.interval = start.velocity_interval
-            lag.reset()
+            lag.forget()
             self._refresh(times[start.index], f)
-            lag.reset()
             lag.clear_error()
 
         def after_step(t, fnew):

@@ -131,5 +131,10 @@ class ExtrapolatedFlux:
         del self._times[:-1]
         del self._fluxes[:-1]
 
+    def forget(self):
+        """Drop the whole history (a new run starts)."""
+        self._times.clear()
+        self._fluxes.clear()
+
     def clear_error(self):
         self.max_error = 0.0

@@ -151,3 +151,15 @@ def test_coarsening_of_the_lag_validation(mesh_factory):
     fine, coarse = mesh_factory(16), mesh_factory(8)
     np.testing.assert_allclose(coarsen(law.cell_averages(fine, order=8)), law.cell_averages(coarse, order=8),
                                rtol=1e-10)
+
+
+def test_a_reused_solver_repeats_its_extrapolated_run(lag_runs):
+    """The history and the interval belong to a run: a second run of the same solver starts
+    afresh and repeats the first."""
+    m, model, f0, runs = lag_runs
+    solver = EulerianSolver(m, model, velocity_tolerance=1e-2)
+    first = solver.run(f0, 1.0, 0.25)
+    second = solver.run(f0, 1.0, 0.25)
+    np.testing.assert_array_equal(first.steps.values, second.steps.values)
+    np.testing.assert_allclose(first.density.values, second.density.values, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(second.density.values, runs[1e-2][0].density.values, rtol=1e-12, atol=0)
