@@ -461,7 +461,9 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     method: "direct" (softmax_blocked, exact to rounding), "tree" (spherepde.tree_sum: pruning
     with a certified neglected weight ≤ tol·Z per target; unit-vector sources only), "harmonic"
     (spherepde.harmonic_sum: Funk–Hecke expansion for moderate β, targets whose error bound
-    exceeds tol summed directly; unit-vector sources only) or "auto" (choose_method). stats, if a dict, receives the method used and the tree's direct fallbacks.
+    exceeds tol re-evaluated by tilted regional expansions, then by the tree or directly; unit-vector
+    sources only) or "auto" (choose_method). stats, if a dict, receives the method used, the
+    targets served by the tilted expansions and those re-summed by the tree or directly.
     near: a spherepde.near_field.NearField for these targets with the sources = the cells of its
     mesh (masses = f·A in cell order): the kernel is integrated exactly over the cells around its
     peak (accuracy uniform in β); None: the cell-centre sums only.
@@ -505,10 +507,11 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     elif method == "harmonic":
         from .harmonic_sum import harmonic_softmax
 
-        degree, redo, how = harmonic_softmax(model, sources, masses, targets, soa, sample, rmax,
-                                             want_div, tol, velocity, divergence, mean)
+        degree, redo, how, tilted = harmonic_softmax(model, sources, masses, targets, soa, sample, rmax,
+                                                     want_div, tol, velocity, divergence, mean)
         if stats is not None:
             stats["degree"] = degree
+            stats["tilted"] = tilted
             stats["fallbacks"] = redo
             stats["fallback_method"] = how
     else:

@@ -30,11 +30,24 @@ through ‖t‖₂ (resp. t₀) of its weights t = 4π i_ℓ e^{−κ} Y_ℓm(x'
 would send most targets to the direct sum; the tests compare with the direct sum instead. The
 relative error of m_β is then about 2·err/Z(x): where
 that exceeds the tolerance (a density that is tiny where the kernel of x sits: the sums span e^{2κ}
-and the small ones drown in the rounding of the large ones), the target is re-summed: by the
-tree where that pays (FALLBACK_TREE_CAP_FRACTION), else directly. In late, concentrated states
-this is most targets (rounding, not truncation: a larger L does not help). Measured at nside 32,
-β = 30, two vMF peaks: over a 10⁻³ floor the flagged targets' true errors were ≤ 4e-11 (the
-estimate is ~3–10× cautious); over a 10⁻⁶ floor they reached 2e-7 (the re-summing is needed).
+and the small ones drown in the rounding of the large ones), the target is handed back. In late,
+concentrated states this is most targets (rounding, not truncation: a larger L does not help).
+Measured at nside 32, β = 30, two vMF peaks: over a 10⁻³ floor the flagged targets' true errors
+were ≤ 4e-11 (the estimate is ~3–10× cautious); over a 10⁻⁶ floor they reached 2e-7.
+
+Tilted regional expansions (tilted_pass) serve the targets handed back. They are grouped by
+HEALPix pixel R of target space (centre x_R); with s_R = βBᵀx_R and w = βBᵀx − s_R,
+
+    Σ_j μ_j e^{⟨βBᵀx, y_j⟩} g(y_j) = Σ_j (μ_j e^{⟨s_R, y_j⟩}) e^{⟨w, y_j⟩} g(y_j),
+
+and only e^{⟨w, y⟩} is expanded (about ŵ, degree from |w| ≤ βσ_max·(pixel radius) ≤ TILT_MAX_W),
+with the coefficients of the tilted masses. The terms then span at most e^{2|w|} of the sum
+however empty the region, so the same error budget passes where the global one failed. The
+coefficients of all regions come from one matrix product per block of sources (BLAS). Measured
+on the quick-start run refined to nside 128 (validation.concentrated_cost): at t = 6 (density
+2e-11 … 150) one evaluation at the 786 432 edge points took 7.6 s with 8 % of the targets left to
+the tree, against 30 s with 82 % before. What is still over budget is re-summed by the tree
+where that pays (FALLBACK_TREE_CAP_FRACTION), else directly.
 L is the smallest degree whose tail is below TAIL_FRACTION·tol, L ≈ √(70 κ_max): the cost grows with
 κ, so this is the method for moderate β; the tree takes large β.
 """
@@ -53,6 +66,8 @@ __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "harmonic_row
 TAIL_FRACTION = 1e-5  # truncation error per unit mass (relative to the largest kernel value) ≤
 # this × tol: the bound 2·tail·M̃/Z then uses ≤ 1e-5·2κ·(max f/f near the peak) of tol
 MAX_DEGREE = 400
+TILT_MAX_W = 8.0  # tilted regions: |w| ≤ this, so a region's terms span at most e^{2·8} of its sums
+TILT_MAX_NSIDE = 16  # finer regions (large β) are left to the tree
 FALLBACK_TREE_CAP_FRACTION = 0.6  # re-sum the fallback targets with the tree below this cap
 # fraction (attention.tree_cap_fraction), else directly: on two vMF peaks over a 1e-6 floor at
 # nside 64 the tree took 0.62× the direct time at β = 30 (fraction 0.47), 1.13× at β = 10 (1.4)
@@ -350,12 +365,14 @@ def _coefficients(sources, mu, L, qmm, a, b, parts):
 
 
 @njit(cache=True, parallel=True)
-def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, V, want_div,
+def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
               velocity, divergence, mean, fallback):
-    """For each target: t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') (x' = Bᵀx/|Bᵀx|, κ = β|Bᵀx|), contracted with
-    the coefficients coef_t (moments × harmonics, 4 or 12 rows), then finished (velocity,
-    divergence, mean); a target whose error bound 2·(err + (noise₀ + rounding)‖t‖₂ + noise₁t₀)/Z
-    exceeds tol is marked for re-summing (fallback[i] = 1)."""
+    """For each target: t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') with w = βBᵀx − shift, x' = w/|w|, κ = |w|
+    (shift = 0: the global expansion; else the tilted one of a region, whose coefficients carry
+    the factor e^{⟨shift, y⟩}), contracted with the coefficients coef_t (moments × harmonics, 4 or
+    12 rows), then finished (velocity, divergence, mean); a target whose error bound
+    2·(err + (noise₀ + rounding)‖t‖₂ + noise₁t₀)/Z exceeds tol is marked for re-summing
+    (fallback[i] = 1)."""
     nmom = 10 if want_div else 4
     ntarget = targets.shape[0]
     for blk in prange((ntarget + BLOCK - 1) // BLOCK):
@@ -373,11 +390,16 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
             for s in range(GROUP):
                 t = grp * GROUP + s
                 i = min(i0 + t, ntarget - 1)  # padding repeats the last target
-                _, _, _, unorm, v0, v1, v2 = kernel_direction(BT, 1.0, targets[i, 0], targets[i, 1],
-                                                              targets[i, 2])
-                if unorm == 0.0:
-                    v2 = 1.0  # κ = 0: any unit vector (only ℓ = 0 contributes)
-                kappa = beta * unorm
+                w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1],
+                                                          targets[i, 2])
+                w0 -= shift[0]
+                w1 -= shift[1]
+                w2 -= shift[2]
+                kappa = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
+                if kappa > 0.0:
+                    v0, v1, v2 = w0 / kappa, w1 / kappa, w2 / kappa
+                else:
+                    v0, v1, v2 = 0.0, 0.0, 1.0  # κ = 0: any unit vector (only ℓ = 0 contributes)
                 # a scaled orthogonal B: one κ for all targets, up to rounding (a relative change
                 # of 1e-14 in κ changes the weights' ratios by ~1e-14·ℓ: far below tol)
                 if abs(kappa - kappa_prev) > 1e-14 * kappa:
@@ -407,12 +429,146 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                            beta, V, want_div, velocity, divergence, mean)
 
 
+@njit(cache=True, parallel=True)
+def _source_rows(sources, L, qmm, a, b, out):
+    """out[j] = the harmonic_row of sources[j] (Y_k(y_j), k in harmonic_row order, no weights).
+    out must start zeroed: harmonic_row leaves its padding untouched."""
+    for j in prange(sources.shape[0]):
+        ones = np.ones(L + 1)
+        trig = np.zeros((2, L + 1 + PAD))
+        q = np.zeros((3, L + 1 + PAD))
+        harmonic_row(sources[j, 0], sources[j, 1], sources[j, 2], L, qmm, a, b, ones, trig, q, out[j])
+
+
+def _moment_factors(sources, rows):
+    """g_q(y_j) (rows × n): 1, y, y yᵀ (upper triangle) for the first 4 or 10 rows, then 0."""
+    y0, y1, y2 = sources[:, 0], sources[:, 1], sources[:, 2]
+    g = np.zeros((rows, len(sources)))
+    g[0] = 1.0
+    g[1], g[2], g[3] = y0, y1, y2
+    if rows > 4:
+        g[4], g[5], g[6], g[7], g[8], g[9] = y0 * y0, y0 * y1, y0 * y2, y1 * y1, y1 * y2, y2 * y2
+    return g
+
+
+def tilt_region_nside(beta_sigma):
+    """The coarsest HEALPix level whose pixels (target regions) keep |w| ≤ TILT_MAX_W (w = βBᵀ(x − x_R),
+    |w| ≤ βσ_max(B)·(pixel radius)), or None above TILT_MAX_NSIDE (large β: the tree's domain)."""
+    import healpy as hp
+
+    nside = 1
+    while beta_sigma * hp.max_pixrad(nside) > TILT_MAX_W:
+        nside *= 2
+        if nside > TILT_MAX_NSIDE:
+            return None
+    return nside
+
+
+def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean):
+    """Re-evaluate the targets `redo` by tilted regional expansions (module docstring): group them by
+    HEALPix pixel R of target space (centre x_R), tilt the masses by e^{⟨s_R, y⟩}, s_R = βBᵀx_R,
+    and expand only e^{⟨w, y⟩}, w = βBᵀx − s_R. The coefficients of all regions come from one
+    matrix product per block of sources, (regions × moments, block) × (block, harmonics). Writes
+    the outputs of the targets within the error budget; returns the indices still over it."""
+    import healpy as hp
+
+    BT = np.ascontiguousarray(model.B.T, dtype=float)
+    beta = float(model.beta)
+    nside = tilt_region_nside(beta * float(np.linalg.norm(BT, 2)))
+    if nside is None or len(mu) == 0:
+        return redo
+    L, tail = harmonic_degree(TILT_MAX_W, tail_target(tol))
+    qmm, a, b = _legendre_tables(L)
+    nk = row_length(L)
+    rows = 12 if want_div else 4
+    pix = hp.vec2pix(nside, *np.asarray(targets[redo]).T, nest=True)
+    regions, region_of = np.unique(pix, return_inverse=True)
+    centres = np.array(hp.pix2vec(nside, regions, nest=True)).T.reshape(-1, 3)
+    shifts = beta * centres @ BT.T  # s_R = βBᵀx_R, one per row
+    nreg = len(regions)
+    log_mu = np.log(mu)
+    # tilted masses μ_j e^{⟨s_R, y_j⟩ − top_R} ≤ 1, top_R their largest exponent (overflow-safe)
+    block = int(min(8192, max(256, 2**24 // (nreg * rows))))
+    top = np.full(nreg, -np.inf)
+    for j0 in range(0, len(mu), block):
+        expo = shifts @ sources[j0:j0 + block].T + log_mu[j0:j0 + block]
+        np.maximum(top, expo.max(axis=1), out=top)
+    coef = np.zeros((nreg * rows, nk))
+    s1 = np.zeros(nreg)  # Σ tilted masses (M̃ of the region)
+    s2 = np.zeros(nreg)  # Σ tilted masses²
+    harmonics = np.zeros((block, nk))  # the padding stays 0 (_source_rows)
+    for j0 in range(0, len(mu), block):
+        y = np.ascontiguousarray(sources[j0:j0 + block])
+        weights = np.exp(shifts @ y.T + log_mu[j0:j0 + block] - top[:, None])  # (regions, block)
+        s1 += weights.sum(axis=1)
+        s2 += (weights * weights).sum(axis=1)
+        rows_y = harmonics[:len(y)]
+        _source_rows(y, L, qmm, a, b, rows_y)
+        g = _moment_factors(y, rows)
+        coef += (weights[:, None, :] * g[None, :, :]).reshape(nreg * rows, len(y)) @ rows_y
+    coef = coef.reshape(nreg, rows, nk)
+    still = []
+    n = len(mu)
+    for r in range(nreg):
+        idx = redo[region_of == r]
+        sub = np.ascontiguousarray(targets[idx])
+        out = (np.empty((len(idx), 3)), np.empty(len(idx)), np.empty((len(idx), 3)))
+        # the budget of _expansion_pass from the region's tilted masses, summarised by their sums
+        stats = _MassSummary(n, s1[r], s2[r])
+        fallback = _expansion_pass(sub, coef[r], stats, L, tail, tol, BT, beta, shifts[r], model.V, want_div,
+                                   *out)
+        good = fallback == 0
+        velocity[idx[good]] = out[0][good]
+        mean[idx[good]] = out[2][good]
+        if want_div:
+            divergence[idx[good]] = out[1][good]
+        still.append(idx[~good])
+    return np.concatenate(still) if still else redo[:0]
+
+
+class _MassSummary:
+    """What the error budget needs of normalised masses: their count, sum and sum of squares."""
+
+    def __init__(self, n, total, squares):
+        self.n, self.total, self.squares = n, float(total), float(squares)
+
+    def __len__(self):
+        return self.n
+
+    def sum(self):
+        return self.total
+
+
+def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_div, velocity, divergence,
+                    mean):
+    """Evaluate the targets from the coefficients coef_t of the normalised masses mu (max 1) with
+    the error budget of the module docstring; returns the flags of the targets over it."""
+    qmm, a, b = _legendre_tables(L)
+    eps = np.finfo(float).eps
+    n = len(mu)
+    # error budget of a target's moments (module docstring): the truncation, rigorous; the
+    # rounding of the coefficient sums, estimated as random walks (4ε√N·rms(μ g Y) per
+    # coefficient, seen through ‖t‖₂; the ℓ = 0 sum, whose partial sums grow linearly,
+    # 4ε N^{3/2} mean(μ)/√(4π) seen through t₀); and of the target's own series,
+    # 4(L+1)ε Σ|terms| ≤ 4(L+1)ε ‖t‖₂‖d[1]‖₂ (Cauchy–Schwarz)
+    total, squares = (mu.total, mu.squares) if isinstance(mu, _MassSummary) else (float(mu.sum()), float(mu @ mu))
+    err = tail * total
+    noise = np.array([4.0 * eps * math.sqrt(n) * math.sqrt(squares / n) / math.sqrt(4.0 * math.pi),
+                      4.0 * eps * n**1.5 * (total / n) / (4.0 * math.pi)])
+    rounding = 4.0 * (L + 1) * eps * float(np.linalg.norm(coef_t[0]))
+    fallback = np.zeros(len(targets), dtype=np.int8)
+    _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
+              velocity, divergence, mean, fallback)
+    return fallback
+
+
 def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_div, tol, velocity,
                      divergence, mean):
     """The sums of attention.softmax_blocked by the harmonic expansion (module docstring); writes
     the same outputs. The harmonics are built and contracted in blocks of BLOCK points (no
-    (points × (L+1)²) array). Targets over the error budget are re-summed by the tree or the
-    direct sum. Returns (L, number of targets re-summed, "tree" or "direct" or None)."""
+    (points × (L+1)²) array). Targets over the error budget go to the tilted regional expansions
+    (tilted_pass), and those still over it are re-summed by the tree or the direct sum. Returns
+    (L, number of targets re-summed by the tree or the direct sum, "tree" or "direct" or None)."""
     from .attention import TREE_MIN_SOURCES, softmax_blocked, tree_cap_fraction, tree_sums
 
     BT = np.ascontiguousarray(model.B.T, dtype=float)
@@ -429,21 +585,13 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
     parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, nk))
     _coefficients(sources, mu, L, qmm, a, b, parts)
     coef_t = parts.sum(axis=0)  # (moments, harmonics)
-    eps = np.finfo(float).eps
-    n = len(mu)
-    # error budget of a target's moments (module docstring): the truncation, rigorous; the
-    # rounding of the coefficient sums, estimated as random walks (4ε√N·rms(μ g Y) per
-    # coefficient, seen through ‖t‖₂; the ℓ = 0 sum, whose partial sums grow linearly,
-    # 4ε N^{3/2} mean(μ)/√(4π) seen through t₀); and of the target's own series,
-    # 4(L+1)ε Σ|terms| ≤ 4(L+1)ε ‖t‖₂‖d[1]‖₂ (Cauchy–Schwarz)
-    err = tail * float(mu.sum())
-    noise = np.array([4.0 * eps * math.sqrt(n) * math.sqrt(float(np.mean(mu**2))) / math.sqrt(4.0 * math.pi),
-                      4.0 * eps * n**1.5 * float(mu.mean()) / (4.0 * math.pi)])
-    rounding = 4.0 * (L + 1) * eps * float(np.linalg.norm(coef_t[0]))
-    fallback = np.zeros(len(targets), dtype=np.int8)
-    _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, model.V, want_div,
-              velocity, divergence, mean, fallback)
+    fallback = _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, np.zeros(3), model.V, want_div,
+                               velocity, divergence, mean)
     redo = np.flatnonzero(fallback)
+    handed_back = redo.size
+    if redo.size:
+        redo = tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean)
+    tilted = handed_back - redo.size
     how = None
     if redo.size:
         n = redo.size
@@ -463,4 +611,4 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
         mean[redo] = out[2]
         if want_div:
             divergence[redo] = out[1]
-    return L, int(redo.size), how
+    return L, int(redo.size), how, int(tilted)

@@ -98,26 +98,101 @@ def test_harmonic_matches_direct(beta):
         assert np.max(np.abs(out["harmonic"][1] - out["direct"][1]) / scale) < 1e-8, name
 
 
-@pytest.mark.parametrize("nside, beta, how", [(8, 30.0, "direct"), (16, 30.0, "tree"), (16, 10.0, "direct")])
-def test_hard_targets_are_resummed(nside, beta, how):
-    """All mass near one point: for targets whose kernel points away from it, Z is ~e^{−2κ} of
-    the expansion's terms; those must be detected and re-summed, by the tree where it pays
-    (enough sources, β large enough: attention.tree_cap_fraction < 0.6), else directly. m_β and
-    div v then agree with the direct sum to the tolerance."""
+def hard_case(nside, beta):
+    """All mass near one point, random non-symmetric B and V."""
     mesh = HealpixMesh(nside)
     rng = np.random.default_rng(nside)
     model = AttentionModel(np.eye(3) + 0.2 * rng.normal(size=(3, 3)), rng.normal(size=(3, 3)), beta)
-    f = VonMisesFisher(np.array([0.0, 0.0, 1.0]), 200.0).cell_averages(mesh)
+    return mesh, model, VonMisesFisher(np.array([0.0, 0.0, 1.0]), 200.0).cell_averages(mesh)
+
+
+@pytest.mark.parametrize("nside, beta, how", [(8, 30.0, "direct"), (16, 30.0, "tree"), (16, 10.0, "direct")])
+def test_hard_targets_are_resummed(nside, beta, how, monkeypatch):
+    """All mass near one point: for targets whose kernel points away from it, Z is ~e^{−2κ} of
+    the expansion's terms; those must be detected and re-summed, by the tree where it pays
+    (enough sources, β large enough: attention.tree_cap_fraction < 0.6), else directly (here with
+    the tilted regional expansions switched off, so that every target handed back takes that
+    route). m_β and div v then agree with the direct sum to the tolerance."""
+    import spherepde.harmonic_sum as harmonic_sum
+
+    monkeypatch.setattr(harmonic_sum, "TILT_MAX_NSIDE", 0)
+    mesh, model, f = hard_case(nside, beta)
     x = mesh.edge_points.reshape(-1, 3)
     stats = {}
     _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
                                 stats=stats)
     m, div = m.copy(), div.copy()
     _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
-    assert stats["fallbacks"] > 0 and stats["fallback_method"] == how
+    assert stats["fallbacks"] > 0 and stats["fallback_method"] == how and stats["tilted"] == 0
     np.testing.assert_allclose(m, ref, atol=2e-10)
     scale = beta * np.linalg.norm(model.V, 2) * np.linalg.norm(model.B, 2)
     np.testing.assert_allclose(div, ref_div, atol=4e-10 * scale + 1e-9)
+
+
+@pytest.mark.parametrize("nside, beta", [(16, 30.0), (16, 10.0), (8, 3.0)])
+def test_tilted_regions_serve_the_hard_targets(nside, beta):
+    """The same hard case with the tilted regional expansions on: the targets the global
+    expansion hands back are mostly served by them (their terms span at most e^{2|w|} of the sum,
+    not e^{2κ}), to the tolerance of the direct sum."""
+    mesh, model, f = hard_case(nside, beta)
+    x = mesh.edge_points.reshape(-1, 3)
+    masses = f * mesh.area
+    stats = {}
+    _, div, m = attention_field(model, mesh.centroids, masses, x, want_div=True, method="harmonic", stats=stats)
+    m, div = m.copy(), div.copy()
+    _, ref_div, ref = attention_field(model, mesh.centroids, masses, x, want_div=True, method="direct")
+    assert stats["tilted"] > stats["fallbacks"], stats
+    np.testing.assert_allclose(m, ref, atol=2e-10)
+    scale = beta * np.linalg.norm(model.V, 2) * np.linalg.norm(model.B, 2)
+    np.testing.assert_allclose(div, ref_div, atol=4e-10 * scale + 1e-9)
+
+
+def test_two_peaks_over_a_tiny_floor():
+    """A late, concentrated state: two vMF peaks over a floor 1e-11 of their height, the paper's
+    matrices at β = 30. The global expansion cannot resolve the near-empty targets; with the
+    tilted regions m_β still agrees with the direct sum everywhere."""
+    from spherepde.initial import Mixture, Uniform
+
+    mesh = HealpixMesh(16)
+    model = AttentionModel(np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0]), 30.0)
+    peaks = Mixture([0.5, 0.5], [VonMisesFisher([1.0, 0.0, 0.0], 300.0), VonMisesFisher([-1.0, 0.0, 0.0], 300.0)])
+    f = peaks.cell_averages(mesh) + 1e-11 * 300 / (4 * np.pi)
+    x = mesh.edge_points.reshape(-1, 3)
+    stats = {}
+    _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
+                                stats=stats)
+    m, div = m.copy(), div.copy()
+    _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
+    assert stats["tilted"] > len(x) // 10, stats
+    np.testing.assert_allclose(m, ref, atol=2e-10)
+    np.testing.assert_allclose(div, ref_div, atol=1e-8 * np.abs(ref_div).max())
+
+
+def test_region_level_and_source_rows():
+    """tilt_region_nside: the coarsest level whose pixel radius keeps |w| ≤ TILT_MAX_W, none for
+    large β; _source_rows: harmonic_row of each source."""
+    import healpy as hp
+
+    from spherepde.harmonic_sum import (TILT_MAX_W, _legendre_tables, _source_rows, harmonic_row,
+                                        row_length, tilt_region_nside)
+
+    for beta_sigma in (1.0, 10.0, 30.0, 60.0):
+        nside = tilt_region_nside(beta_sigma)
+        assert beta_sigma * hp.max_pixrad(nside) <= TILT_MAX_W
+        assert nside == 1 or beta_sigma * hp.max_pixrad(nside // 2) > TILT_MAX_W
+    assert tilt_region_nside(1e4) is None
+    L = 7
+    qmm, a, b = _legendre_tables(L)
+    rng = np.random.default_rng(2)
+    y = rng.normal(size=(9, 3))
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    out = np.zeros((9, row_length(L)))
+    _source_rows(y, L, qmm, a, b, out)
+    for j in range(9):
+        row = np.zeros(row_length(L))
+        harmonic_row(y[j, 0], y[j, 1], y[j, 2], L, qmm, a, b, np.ones(L + 1), np.zeros((2, L + 5)),
+                     np.zeros((3, L + 5)), row)
+        np.testing.assert_array_equal(out[j], row)
 
 
 def test_cost_model_picks_harmonic_for_many_points_at_moderate_beta():
