@@ -106,6 +106,17 @@ def hard_case(nside, beta):
     return mesh, model, VonMisesFisher(np.array([0.0, 0.0, 1.0]), 200.0).cell_averages(mesh)
 
 
+def harmonic_and_direct(model, mesh, f):
+    """(m, div, stats) of the harmonic sum and (m, div) of the direct sum at the edge points."""
+    x = mesh.edge_points.reshape(-1, 3)
+    stats = {}
+    _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
+                                stats=stats)
+    m, div = m.copy(), div.copy()
+    _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
+    return m, div, stats, ref, ref_div
+
+
 @pytest.mark.parametrize("nside, beta, how", [(8, 30.0, "direct"), (16, 30.0, "tree"), (16, 10.0, "direct")])
 def test_hard_targets_are_resummed(nside, beta, how, monkeypatch):
     """All mass near one point: for targets whose kernel points away from it, Z is ~e^{−2κ} of
@@ -117,12 +128,7 @@ def test_hard_targets_are_resummed(nside, beta, how, monkeypatch):
 
     monkeypatch.setattr(harmonic_sum, "TILT_MAX_NSIDE", 0)
     mesh, model, f = hard_case(nside, beta)
-    x = mesh.edge_points.reshape(-1, 3)
-    stats = {}
-    _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
-                                stats=stats)
-    m, div = m.copy(), div.copy()
-    _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
+    m, div, stats, ref, ref_div = harmonic_and_direct(model, mesh, f)
     assert stats["fallbacks"] > 0 and stats["fallback_method"] == how and stats["tilted"] == 0
     np.testing.assert_allclose(m, ref, atol=2e-10)
     scale = beta * np.linalg.norm(model.V, 2) * np.linalg.norm(model.B, 2)
@@ -135,12 +141,7 @@ def test_tilted_regions_serve_the_hard_targets(nside, beta):
     expansion hands back are mostly served by them (their terms span at most e^{2|w|} of the sum,
     not e^{2κ}), to the tolerance of the direct sum."""
     mesh, model, f = hard_case(nside, beta)
-    x = mesh.edge_points.reshape(-1, 3)
-    masses = f * mesh.area
-    stats = {}
-    _, div, m = attention_field(model, mesh.centroids, masses, x, want_div=True, method="harmonic", stats=stats)
-    m, div = m.copy(), div.copy()
-    _, ref_div, ref = attention_field(model, mesh.centroids, masses, x, want_div=True, method="direct")
+    m, div, stats, ref, ref_div = harmonic_and_direct(model, mesh, f)
     assert stats["tilted"] > stats["fallbacks"], stats
     np.testing.assert_allclose(m, ref, atol=2e-10)
     scale = beta * np.linalg.norm(model.V, 2) * np.linalg.norm(model.B, 2)
@@ -151,19 +152,14 @@ def test_two_peaks_over_a_tiny_floor():
     """A late, concentrated state: two vMF peaks over a floor 1e-11 of their height, the paper's
     matrices at β = 30. The global expansion cannot resolve the near-empty targets; with the
     tilted regions m_β still agrees with the direct sum everywhere."""
-    from spherepde.initial import Mixture, Uniform
+    from spherepde.initial import Mixture
 
     mesh = HealpixMesh(16)
     model = AttentionModel(np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0]), 30.0)
     peaks = Mixture([0.5, 0.5], [VonMisesFisher([1.0, 0.0, 0.0], 300.0), VonMisesFisher([-1.0, 0.0, 0.0], 300.0)])
     f = peaks.cell_averages(mesh) + 1e-11 * 300 / (4 * np.pi)
-    x = mesh.edge_points.reshape(-1, 3)
-    stats = {}
-    _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
-                                stats=stats)
-    m, div = m.copy(), div.copy()
-    _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
-    assert stats["tilted"] > len(x) // 10, stats
+    m, div, stats, ref, ref_div = harmonic_and_direct(model, mesh, f)
+    assert stats["tilted"] > len(m) // 10, stats
     np.testing.assert_allclose(m, ref, atol=2e-10)
     np.testing.assert_allclose(div, ref_div, atol=1e-8 * np.abs(ref_div).max())
 
