@@ -191,6 +191,30 @@ def test_region_level_and_source_rows():
         np.testing.assert_array_equal(out[j], row)
 
 
+@pytest.mark.parametrize("L", [1, 6, 30])
+def test_moment_maps_give_the_moment_coefficients(L):
+    """moment_maps: the coefficients Σ_j μ_j g_q(y_j) Y_k(y_j) of the ten moments g_q = 1, y, y yᵀ
+    from the degree-(L + 2) coefficients of the masses alone, against the sums themselves (exact
+    up to rounding: g_q Y_k has degree ≤ L + 2); fails if the quadrature is one node short."""
+    from spherepde.harmonic_sum import _legendre_tables, _moment_factors, _source_rows, moment_maps, row_length
+
+    rng = np.random.default_rng(L)
+    y = rng.normal(size=(400, 3))
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    mu = rng.random(400)
+    rows = np.zeros((400, row_length(L)))
+    rows2 = np.zeros((400, row_length(L + 2)))
+    _source_rows(y, L, *_legendre_tables(L), rows)
+    _source_rows(y, L + 2, *_legendre_tables(L + 2), rows2)
+    d = mu @ rows2
+    g = _moment_factors(y, 10)
+    maps = moment_maps(L)
+    assert len(maps) == 10
+    for q in range(10):
+        direct = (mu * g[q]) @ rows
+        np.testing.assert_allclose(maps[q] @ d, direct, rtol=0, atol=1e-13 * np.abs(direct).max())
+
+
 def test_cost_model_picks_harmonic_for_many_points_at_moderate_beta():
     from spherepde.attention import choose_method
 
