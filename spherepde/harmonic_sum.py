@@ -58,6 +58,7 @@ L is the smallest degree whose tail is below TAIL_FRACTION·tol, L ≈ √(70 κ
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 from numba import get_num_threads, njit, prange
@@ -512,6 +513,67 @@ def tilt_region_nside(beta_sigma):
     return nside
 
 
+def region_coefficients(sources, mu, shifts, L2):
+    """For each region (row of shifts, s_R): the coefficients to degree L2 of the tilted masses
+    μ_j e^{⟨s_R, y_j⟩ − top_R} (≤ 1, top_R their largest exponent: overflow-safe), with the sums
+    of the tilted masses and of their squares: (coef0 (regions, row_length(L2)), s1, s2). One
+    matrix product per block of sources, (regions, block) × (block, harmonics)."""
+    nreg = len(shifts)
+    log_mu = np.log(mu)
+    block = int(min(8192, max(256, 2**22 // nreg)))  # (regions, block) weights: ≤ 32 MB
+    top = np.full(nreg, -np.inf)
+    for j0 in range(0, len(mu), block):
+        expo = shifts @ sources[j0:j0 + block].T + log_mu[j0:j0 + block]
+        np.maximum(top, expo.max(axis=1), out=top)
+    qmm2, a2, b2 = _legendre_tables(L2)
+    coef0 = np.zeros((nreg, row_length(L2)))
+    s1 = np.zeros(nreg)
+    s2 = np.zeros(nreg)
+    harmonics = np.zeros((block, row_length(L2)))  # the padding stays 0 (_source_rows)
+    for j0 in range(0, len(mu), block):
+        y = np.ascontiguousarray(sources[j0:j0 + block])
+        weights = np.exp(shifts @ y.T + log_mu[j0:j0 + block] - top[:, None])  # (regions, block)
+        s1 += weights.sum(axis=1)
+        s2 += (weights * weights).sum(axis=1)
+        rows_y = harmonics[:len(y)]
+        _source_rows(y, L2, qmm2, a2, b2, rows_y)
+        coef0 += weights @ rows_y
+    return coef0, s1, s2
+
+
+class _RegionCache(threading.local):
+    """The tilted coefficients of the last source measure, per region: the edge and the cell
+    evaluations of one velocity refresh sum the same density over largely the same regions
+    (the cells' are nearly always among the edges'), so the second pays only for new regions.
+    Keyed by the sources, the masses (compared by value), the region level and the degree;
+    per thread (sweeps may run solvers in threads)."""
+
+    def __init__(self):
+        self.key = None
+        self.rows = {}  # region pixel → (coef0 row, s1, s2)
+
+    def coefficients(self, sources, mu, nside, regions, shifts, L2, model_key):
+        """region_coefficients for the regions (pixels at nside, with their shifts), from the
+        cache where it holds them. model_key: what else the shifts depend on (β, B)."""
+        key = (nside, L2, model_key)
+        same = (self.key is not None and self.key[0] == key and self.key[1].shape == sources.shape
+                and np.array_equal(self.key[1], sources) and np.array_equal(self.key[2], mu))
+        if not same:
+            self.key = (key, sources.copy(), mu.copy())
+            self.rows = {}
+        missing = np.array([r not in self.rows for r in regions.tolist()], dtype=bool)
+        if missing.any():
+            new = region_coefficients(sources, mu, shifts[missing], L2)
+            for i, r in enumerate(regions[missing].tolist()):
+                self.rows[r] = (new[0][i], new[1][i], new[2][i])
+        got = [self.rows[r] for r in regions.tolist()]
+        return (np.array([g[0] for g in got]).reshape(len(regions), -1), np.array([g[1] for g in got]),
+                np.array([g[2] for g in got]))
+
+
+_REGION_CACHE = _RegionCache()
+
+
 def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean, nside=None):
     """Re-evaluate the targets `redo` by tilted regional expansions (module docstring): group them by
     HEALPix pixel R of target space (centre x_R), tilt the masses by e^{⟨s_R, y⟩}, s_R = βBᵀx_R,
@@ -538,28 +600,7 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
     centres = np.array(hp.pix2vec(nside, regions, nest=True)).T.reshape(-1, 3)
     shifts = beta * centres @ BT.T  # s_R = βBᵀx_R, one per row
     nreg = len(regions)
-    log_mu = np.log(mu)
-    # tilted masses μ_j e^{⟨s_R, y_j⟩ − top_R} ≤ 1, top_R their largest exponent (overflow-safe)
-    block = int(min(8192, max(256, 2**22 // nreg)))  # (regions, block) weights: ≤ 32 MB
-    top = np.full(nreg, -np.inf)
-    for j0 in range(0, len(mu), block):
-        expo = shifts @ sources[j0:j0 + block].T + log_mu[j0:j0 + block]
-        np.maximum(top, expo.max(axis=1), out=top)
-    # the tilted masses' coefficients at degree L + 2; the moments' follow by moment_maps
-    L2 = L + 2
-    qmm2, a2, b2 = _legendre_tables(L2)
-    coef0 = np.zeros((nreg, row_length(L2)))
-    s1 = np.zeros(nreg)  # Σ tilted masses (M̃ of the region)
-    s2 = np.zeros(nreg)  # Σ tilted masses²
-    harmonics = np.zeros((block, row_length(L2)))  # the padding stays 0 (_source_rows)
-    for j0 in range(0, len(mu), block):
-        y = np.ascontiguousarray(sources[j0:j0 + block])
-        weights = np.exp(shifts @ y.T + log_mu[j0:j0 + block] - top[:, None])  # (regions, block)
-        s1 += weights.sum(axis=1)
-        s2 += (weights * weights).sum(axis=1)
-        rows_y = harmonics[:len(y)]
-        _source_rows(y, L2, qmm2, a2, b2, rows_y)
-        coef0 += weights @ rows_y
+    coef0, s1, s2 = _REGION_CACHE.coefficients(sources, mu, nside, regions, shifts, L + 2, (beta, BT.tobytes()))
     coef = np.zeros((nreg, rows, nk))  # rows 10, 11 (padding of the contraction) stay 0
     coef0_t = np.ascontiguousarray(coef0.T)
     for q, m in enumerate(moment_maps(L)[:10 if want_div else 4]):

@@ -191,6 +191,36 @@ def test_region_level_and_source_rows():
         np.testing.assert_array_equal(out[j], row)
 
 
+def test_region_cache_reuses_only_what_it_may():
+    """The per-region tilted coefficients are reused for the same sources, masses and model,
+    computed only for regions not yet held, and recomputed when the masses or β change: every
+    answer equals a fresh region_coefficients."""
+    from spherepde.harmonic_sum import _RegionCache, region_coefficients
+
+    rng = np.random.default_rng(4)
+    y = rng.normal(size=(300, 3))
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    mu = rng.random(300)
+    shifts = rng.normal(size=(5, 3)) * 4
+    regions = np.arange(10, 15)
+    cache = _RegionCache()
+    calls = []
+
+    def check(mu, beta_key, pick):
+        got = cache.coefficients(y, mu, 2, regions[pick], shifts[pick], 6, beta_key)
+        want = region_coefficients(y, mu, shifts[pick], 6)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        calls.append(len(cache.rows))
+
+    check(mu, 1.0, [0, 2])
+    check(mu, 1.0, [2, 3, 4])  # 2 reused, 3 and 4 added
+    assert calls == [2, 4]
+    check(mu * 1.5, 1.0, [2])  # other masses: a fresh cache
+    check(mu * 1.5, 2.0, [2, 4])  # another model: fresh again
+    assert calls[2:] == [1, 2]
+
+
 @pytest.mark.parametrize("L", [1, 6, 30])
 def test_moment_maps_give_the_moment_coefficients(L):
     """moment_maps: the coefficients Σ_j μ_j g_q(y_j) Y_k(y_j) of the ten moments g_q = 1, y, y yᵀ
