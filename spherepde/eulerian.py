@@ -47,7 +47,10 @@ SNAPSHOT_META = {
     "steps_rejected": ("rejected time steps since t = 0", "1"),
     "step_safety": ("factor of the step-size controller after the last step", "1"),
     "max_sup_div": ("largest sup div v over all steps so far", "1"),
-    "velocity_interval": ("time between exact velocity evaluations (0: every Runge–Kutta stage)", "1"),
+    "velocity_interval": ("time between exact velocity evaluations, quadratic extrapolation "
+                          "(0: every Runge–Kutta stage)", "1"),
+    "velocity_interval_linear": ("time between exact velocity evaluations, linear extrapolation (the "
+                                 "cold start after each snapshot)", "1"),
     "velocity_lag_error": ("largest measured relative error of the extrapolated edge fluxes since the "
                            "previous snapshot (0: exact velocity at every stage)", "1"),
 }
@@ -67,6 +70,7 @@ class SolverState:
     integral: float
     max_sup_div: float
     velocity_interval: float = 0.0
+    velocity_interval_linear: float = 0.0
 
     @classmethod
     def from_record(cls, index, density, record):
@@ -74,7 +78,7 @@ class SolverState:
         return cls(index, np.array(density, dtype=float), float(record["step_safety"]),
                    int(record["steps"]), int(record["steps_rejected"]), float(record["sup_div"]),
                    float(record["integrated_sup_div"]), float(record["max_sup_div"]),
-                   float(record["velocity_interval"]))
+                   float(record["velocity_interval"]), float(record["velocity_interval_linear"]))
 
 
 class EulerianSolver:
@@ -111,7 +115,7 @@ class EulerianSolver:
         self._lag = None
         stage_flux = self.edge_flux
         if self.velocity_tolerance > 0:
-            self._lag = ExtrapolatedFlux(self.velocity_tolerance, 0.0, mesh.edge_weights.shape)
+            self._lag = ExtrapolatedFlux(self.velocity_tolerance, mesh.edge_weights.shape)
             stage_flux = self._stage_flux
         self.stepper = SSPStepper(self.operator, stage_flux, order=rk_order, cfl=cfl,
                                   dt_floor=self.guards.dt_floor)
@@ -125,11 +129,16 @@ class EulerianSolver:
 
     def _stage_flux(self, t, f):
         """Stage fluxes when the velocity is extrapolated: the stored exact fluxes at the last
-        refresh, the extrapolation where it is usable, else (cold) the exact fluxes."""
+        refresh, the extrapolation where it is usable, else the exact fluxes (cold: they start
+        the history, ExtrapolatedFlux.record_stage)."""
         lag = self._lag
         if t == lag.last_time:
             return lag.latest
-        return lag.predict(t) if lag.usable(t) else self.edge_flux(t, f)
+        if lag.usable(t):
+            return lag.predict(t)
+        un = self.edge_flux(t, f)
+        lag.record_stage(t, un)
+        return un
 
     def _refresh(self, t, f) -> float:
         """Exact edge fluxes at (t, f) into the extrapolation history."""
@@ -178,7 +187,7 @@ class EulerianSolver:
         self.last_run = state
         lag = self._lag
         if lag is not None:
-            lag.interval = start.velocity_interval
+            lag.intervals = [start.velocity_interval_linear, start.velocity_interval]
             lag.forget()
             self._refresh(times[start.index], f)
             lag.clear_error()
@@ -230,7 +239,8 @@ class EulerianSolver:
                 "steps_rejected": state["rejected"],
                 "step_safety": self.stepper.safety,
                 "max_sup_div": state["max_sup_div"],
-                "velocity_interval": 0.0 if lag is None else lag.interval,
+                "velocity_interval": 0.0 if lag is None else lag.intervals[1],
+                "velocity_interval_linear": 0.0 if lag is None else lag.intervals[0],
                 "velocity_lag_error": lag_error,
             }
 
