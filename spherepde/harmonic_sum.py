@@ -26,7 +26,7 @@ tail(κ_max)·M̃ from the truncation, plus rounding. Rounding is estimated, not
 long sums grow like random walks, so a coefficient sum over N sources errs by ~4ε√N·rms(μ̃ g Y)
 (the ℓ = 0 sum, whose partial sums grow linearly, by ~4εN^{3/2}·mean μ̃), seen by the target
 through ‖t‖₂ (resp. t₀) of its weights t = 4π i_ℓ e^{−κ} Y_ℓm(x'); the target's own series errs by
-~4(L + 1)ε·Σ|terms| ≤ 4(L + 1)ε‖t‖₂‖d[1]‖₂. The worst-case bounds (Nε, (L + 1)²ε) are 10³–10⁵× pessimistic here and
+~4(L + 1)ε·Σ|terms| ≤ 4(L + 1)ε Σ_ℓ 4π i_ℓ e^{−κ} √((2ℓ+1)/4π)‖d_ℓ[1]‖₂. The worst-case bounds (Nε, (L + 1)²ε) are 10³–10⁵× pessimistic here and
 would send most targets to the direct sum; the tests compare with the direct sum instead. The
 relative error of m_β is then about 2·err/Z(x): where
 that exceeds the tolerance (a density that is tiny where the kernel of x sits: the sums span e^{2κ}
@@ -371,11 +371,12 @@ def _coefficients(sources, mu, L, qmm, a, b, parts):
 @njit(cache=True, parallel=True)
 def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
               velocity, divergence, mean, fallback):
+    # rounding[ℓ]: the series' rounding per unit weight of degree ℓ (see _expansion_pass)
     """For each target: t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') with w = βBᵀx − shift, x' = w/|w|, κ = |w|
     (shift = 0: the global expansion; else the tilted one of a region, whose coefficients carry
     the factor e^{⟨shift, y⟩}), contracted with the coefficients coef_t (moments × harmonics, 4 or
     12 rows), then finished (velocity, divergence, mean); a target whose error bound
-    2·(err + (noise₀ + rounding)‖t‖₂ + noise₁t₀)/Z exceeds tol is marked for re-summing
+    2·(err + noise₀‖t‖₂ + noise₁t₀ + Σ_ℓ w_ℓ·rounding[ℓ])/Z exceeds tol is marked for re-summing
     (fallback[i] = 1)."""
     nmom = 10 if want_div else 4
     ntarget = targets.shape[0]
@@ -388,8 +389,10 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
         mom = np.empty((coef_t.shape[0], BLOCK))
         tnorm = np.empty(BLOCK)  # ‖t‖₂
         t0_weight = np.empty(BLOCK)  # t₀ = 4π i_0(κ) e^{−κ} / √(4π)
+        series = np.empty(BLOCK)  # Σ_ℓ w_ℓ rounding[ℓ]: the rounding of the target's own series
         kappa_prev = -1.0
         norm_prev = 0.0
+        series_prev = 0.0
         for grp in range(BLOCK // GROUP):
             for s in range(GROUP):
                 t = grp * GROUP + s
@@ -409,12 +412,15 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                 if abs(kappa - kappa_prev) > 1e-14 * kappa:
                     scaled_bessel(kappa, kappa, wl)
                     s2 = 0.0
+                    series_prev = 0.0
                     for l in range(L + 1):
                         wl[l] *= 4.0 * math.pi
                         s2 += wl[l] * wl[l] * (2 * l + 1)
+                        series_prev += wl[l] * rounding[l]
                     norm_prev = math.sqrt(s2 / (4.0 * math.pi))
                     kappa_prev = kappa
                 tnorm[t] = norm_prev
+                series[t] = series_prev
                 t0_weight[t] = wl[0]
                 harmonic_row(v0, v1, v2, L, qmm, a, b, wl, trig, q, rows[s])
             for q0 in range(0, coef_t.shape[0], 4):
@@ -424,7 +430,7 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
             i = i0 + t
             for r in range(nmom):
                 momt[r] = mom[r, t]
-            bound = err + (noise[0] + rounding) * tnorm[t] + noise[1] * t0_weight[t]
+            bound = err + noise[0] * tnorm[t] + noise[1] * t0_weight[t] + series[t]
             if not (momt[0] > 0.0 and 2.0 * bound <= tol * momt[0]):
                 fallback[i] = 1
                 continue
@@ -637,6 +643,14 @@ class _MassSummary:
         return self.total
 
 
+def degree_norms(row, L):
+    """‖d_ℓ·‖₂ per degree ℓ ≤ L of a coefficient row in harmonic_row order (cos and sin halves)."""
+    half = (L + 1) * (L + 2) // 2 + PAD
+    squares = row[:half - PAD] ** 2 + row[half:2 * half - PAD] ** 2
+    degree = np.repeat(np.arange(L + 1), np.arange(1, L + 2))  # entry ℓ(ℓ+1)/2 + m has degree ℓ
+    return np.sqrt(np.bincount(degree, weights=squares, minlength=L + 1))
+
+
 def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_div, velocity, divergence,
                     mean):
     """Evaluate the targets from the coefficients coef_t of the normalised masses mu (max 1) with
@@ -648,12 +662,14 @@ def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_
     # rounding of the coefficient sums, estimated as random walks (4ε√N·rms(μ g Y) per
     # coefficient, seen through ‖t‖₂; the ℓ = 0 sum, whose partial sums grow linearly,
     # 4ε N^{3/2} mean(μ)/√(4π) seen through t₀); and of the target's own series,
-    # 4(L+1)ε Σ|terms| ≤ 4(L+1)ε ‖t‖₂‖d[1]‖₂ (Cauchy–Schwarz)
+    # 4(L+1)ε Σ|terms| ≤ 4(L+1)ε Σ_ℓ w_ℓ √((2ℓ+1)/4π) ‖d_ℓ·[1]‖₂ (Cauchy–Schwarz per degree, with
+    # the addition theorem Σ_m Y_ℓm² = (2ℓ+1)/4π: tighter than over all degrees at once, which
+    # sent targets with true errors ≤ 2e-12 back at tol 1e-10)
     total, squares = (mu.total, mu.squares) if isinstance(mu, _MassSummary) else (float(mu.sum()), float(mu @ mu))
     err = tail * total
     noise = np.array([4.0 * eps * math.sqrt(n) * math.sqrt(squares / n) / math.sqrt(4.0 * math.pi),
                       4.0 * eps * n**1.5 * (total / n) / (4.0 * math.pi)])
-    rounding = 4.0 * (L + 1) * eps * float(np.linalg.norm(coef_t[0]))
+    rounding = 4.0 * (L + 1) * eps * degree_norms(coef_t[0], L) * np.sqrt((2.0 * np.arange(L + 1) + 1.0) / (4.0 * math.pi))
     fallback = np.zeros(len(targets), dtype=np.int8)
     _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
               velocity, divergence, mean, fallback)
