@@ -453,7 +453,7 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
 
 
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
-                    tol=DEFAULT_TOL, stats=None, near=None):
+                    tol=DEFAULT_TOL, stats=None, near=None, route=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     sources (N, 3) with masses (N,) ≥ 0 (need not be normalised); targets (T, 3) unit vectors.
@@ -467,6 +467,9 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     near: a spherepde.near_field.NearField for these targets with the sources = the cells of its
     mesh (masses = f·A in cell order): the kernel is integrated exactly over the cells around its
     peak (accuracy uniform in β); None: the cell-centre sums only.
+    route: for "harmonic", a mask of targets to send to the tilted regional expansions without
+    trying the global one (harmonic_sum.harmonic_softmax; cost only); stats["handed_back"] then
+    receives the mask for the next call.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -507,9 +510,11 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     elif method == "harmonic":
         from .harmonic_sum import harmonic_softmax
 
-        degree, redo, how, tilted = harmonic_softmax(model, sources, masses, targets, soa, sample, rmax,
-                                                     want_div, tol, velocity, divergence, mean)
+        degree, redo, how, tilted, handed = harmonic_softmax(model, sources, masses, targets, soa, sample,
+                                                             rmax, want_div, tol, velocity, divergence, mean,
+                                                             route)
         if stats is not None:
+            stats["handed_back"] = handed
             stats["degree"] = degree
             stats["tilted"] = tilted
             stats["fallbacks"] = redo
@@ -565,6 +570,12 @@ class AttentionField:
     narrower than a cell (spherepde.near_field; built once here, costs T·K·88 bytes and a few ms
     per corrected target), False keeps the cell-centre sums. A table above NEAR_FIELD_MAX_BYTES
     is not built: a warning says so and the centre sums are used.
+
+    Routing: the targets the global harmonic expansion handed back are sent straight to the
+    tilted regions in the next call (late, concentrated states: most targets; each is still
+    served within its error budget). Results then depend on the calls before at round-off level
+    only; forget_route() restarts, which a solver does at its snapshots so that a run resumed
+    from one repeats the uninterrupted run.
     """
 
     def __init__(self, model, mesh, targets, method="auto", tol=DEFAULT_TOL, near_field=True):
@@ -573,6 +584,7 @@ class AttentionField:
         self.method = method
         self.tol = tol
         self.stats = {}
+        self._route = None
         self.targets = np.ascontiguousarray(targets, dtype=float)
         n = self.targets.shape[0]
         self._out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
@@ -591,6 +603,13 @@ class AttentionField:
                 self.near = NearField(mesh, model, self.targets)
 
     def __call__(self, f, want_div=False):
-        return attention_field(self.model, self.mesh.centroids, f * self.mesh.area, self.targets,
-                               want_div=want_div, out=self._out, method=self.method, tol=self.tol,
-                               stats=self.stats, near=self.near)
+        self.stats.pop("handed_back", None)
+        result = attention_field(self.model, self.mesh.centroids, f * self.mesh.area, self.targets,
+                                 want_div=want_div, out=self._out, method=self.method, tol=self.tol,
+                                 stats=self.stats, near=self.near, route=self._route)
+        self._route = self.stats.get("handed_back")
+        return result
+
+    def forget_route(self):
+        """The next call tries the global expansion at every target again."""
+        self._route = None

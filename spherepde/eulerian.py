@@ -144,6 +144,12 @@ class EulerianSolver:
         """Exact edge fluxes at (t, f) into the extrapolation history."""
         return self._lag.refresh(t, self.edge_flux(t, f))
 
+    def _forget_routes(self):
+        """Snapshot boundary: the summation's routing restarts (AttentionField), like the
+        extrapolation history, so that a run resumed here repeats the uninterrupted one."""
+        self._edge_field.forget_route()
+        self._cell_field.forget_route()
+
     def velocity_at_cells(self, f):
         """(v, div_S v, m_β) at the cell centroids for the density f."""
         return self._cell_field(f, want_div=True)
@@ -186,11 +192,13 @@ class EulerianSolver:
                  "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index]}
         self.last_run = state
         lag = self._lag
+        self._forget_routes()
         if lag is not None:
             lag.intervals = [start.velocity_interval_linear, start.velocity_interval]
             lag.forget()
             self._refresh(times[start.index], f)
             lag.clear_error()
+            self._forget_routes()
 
         def after_step(t, fnew):
             self.guards.courant(t, fnew, self.stepper.last_courant, self.stepper.last_courant_cell,
@@ -200,6 +208,8 @@ class EulerianSolver:
                 dt, state["t_step"] = t - state["t_step"], t
                 if t != state["t_save"] and not lag.due(t, dt):
                     return
+                if t == state["t_save"]:
+                    self._forget_routes()  # a resumed run evaluates this refresh afresh
                 self._refresh(t, fnew)
                 div = self.velocity_at_cells(fnew)[1]
                 self.guards.divergence(t, fnew, div)
@@ -221,6 +231,7 @@ class EulerianSolver:
                                      exc.t, f"cell {exc.cell} (fastest outflow)", density=exc.density) from None
             state["rejected"] = self.stepper.rejected - rejected_before
             state["ell0"] = ell0
+            self._forget_routes()
             lag_error = 0.0
             if lag is not None:
                 lag_error = lag.max_error

@@ -677,31 +677,44 @@ def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_
 
 
 def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_div, tol, velocity,
-                     divergence, mean):
+                     divergence, mean, route=None):
     """The sums of attention.softmax_blocked by the harmonic expansion (module docstring); writes
     the same outputs. The harmonics are built and contracted in blocks of BLOCK points (no
     (points × (L+1)²) array). Targets over the error budget go to the tilted regional expansions
-    (tilted_pass), and those still over it are re-summed by the tree or the direct sum. Returns
-    (L, number of targets re-summed by the tree or the direct sum, "tree" or "direct" or None)."""
+    (tilted_pass), and those still over it are re-summed by the tree or the direct sum.
+    route: None, or a mask of targets to send to the tilted regions without trying the global
+    expansion (those it handed back in an earlier call: in late, concentrated states most of
+    them, whose global evaluation is then wasted). Only the cost depends on it: every target is
+    still served within its error budget. Returns (L, number of targets re-summed by the tree or
+    the direct sum, "tree" or "direct" or None, number served by the tilted regions, mask of the
+    targets the global expansion did not serve (routed or over its budget))."""
     from .attention import TREE_MIN_SOURCES, softmax_blocked, tree_cap_fraction, tree_sums
 
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     L, tail = harmonic_degree(beta * float(np.linalg.norm(BT, 2)), tail_target(tol))
-    qmm, a, b = _legendre_tables(L)
-    nk = row_length(L)  # the cos and sin halves of harmonic_row, with their padding
-    nmom = 10 if want_div else 4
     sources_all = sources = np.ascontiguousarray(sources, dtype=float)
     masses_all = masses = np.asarray(masses, dtype=float)
     keep = masses > 0
     sources, mu = sources[keep], masses[keep] / masses.max()
-    rows = 4 if nmom == 4 else 12  # the contraction takes moments in fours (rows 10, 11 stay 0)
-    parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, nk))
-    _coefficients(sources, mu, L, qmm, a, b, parts)
-    coef_t = parts.sum(axis=0)  # (moments, harmonics)
-    fallback = _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, np.zeros(3), model.V, want_div,
-                               velocity, divergence, mean)
-    redo = np.flatnonzero(fallback)
+    if route is None:
+        handed = _global_pass(sources, mu, targets, L, tail, tol, BT, beta, model.V, want_div, velocity,
+                              divergence, mean)
+    else:
+        handed = np.array(route, dtype=bool)
+        tried = np.flatnonzero(~handed)
+        if tried.size:
+            n = tried.size
+            out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
+            over = _global_pass(sources, mu, np.ascontiguousarray(targets[tried]), L, tail, tol, BT, beta,
+                                model.V, want_div, *out)
+            good = tried[~over]
+            velocity[good] = out[0][~over]
+            mean[good] = out[2][~over]
+            if want_div:
+                divergence[good] = out[1][~over]
+            handed[tried[over]] = True
+    redo = np.flatnonzero(handed)
     handed_back = redo.size
     if redo.size:
         redo = tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean)
@@ -725,4 +738,15 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
         mean[redo] = out[2]
         if want_div:
             divergence[redo] = out[1]
-    return L, int(redo.size), how, int(tilted)
+    return L, int(redo.size), how, int(tilted), handed
+
+
+def _global_pass(sources, mu, targets, L, tail, tol, BT, beta, V, want_div, velocity, divergence, mean):
+    """The global expansion (shift 0) at the targets; returns the mask of those over budget."""
+    qmm, a, b = _legendre_tables(L)
+    rows = 12 if want_div else 4  # the contraction takes moments in fours (rows 10, 11 stay 0)
+    parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, row_length(L)))
+    _coefficients(sources, mu, L, qmm, a, b, parts)
+    coef_t = parts.sum(axis=0)  # (moments, harmonics)
+    return _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, np.zeros(3), V, want_div, velocity,
+                           divergence, mean).astype(bool)

@@ -146,6 +146,7 @@ def lag_runs(mesh_factory):
             calls[0] += 1
             return field(f, **options)
 
+        counted.forget_route = field.forget_route
         solver._edge_field = counted
         runs[key] = (solver.run(f0, 1.0, 0.25), calls[0])
     return m, model, f0, runs
@@ -227,3 +228,21 @@ def test_a_reused_solver_repeats_its_extrapolated_run(lag_runs):
     np.testing.assert_array_equal(first.steps.values, second.steps.values)
     np.testing.assert_allclose(first.density.values, second.density.values, rtol=1e-12, atol=0)
     np.testing.assert_allclose(second.density.values, runs[1e-2][0].density.values, rtol=1e-12, atol=0)
+
+
+def test_routing_restarts_at_snapshots(mesh_factory):
+    """With the harmonic sums routing handed-back targets between calls (AttentionField), a run
+    resumed from a snapshot still repeats the uninterrupted run: the routes restart at every
+    snapshot boundary, as the extrapolation history does."""
+    m = mesh_factory(16)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    f0 = VonMisesFisher([0.6, 0.0, 0.8], 20.0).cell_averages(m) + 1e-9
+    times = np.array([0.0, 0.1, 0.2])
+    solver = EulerianSolver(m, model, summation="harmonic", velocity_tolerance=1e-2)
+    full = list(solver.snapshots(f0, times))
+    assert solver._edge_field.stats["handed_back"].any()  # the routing was in use
+    start = SolverState.from_record(1, full[1][2], full[1][3])
+    resumed = list(EulerianSolver(m, model, summation="harmonic", velocity_tolerance=1e-2).snapshots(
+        f0, times, start=start))
+    np.testing.assert_array_equal(resumed[0][2], full[2][2])
+    assert resumed[0][3]["sup_div"] == full[2][3]["sup_div"]

@@ -191,6 +191,29 @@ def test_region_level_and_source_rows():
         np.testing.assert_array_equal(out[j], row)
 
 
+def test_routed_targets_skip_the_global_expansion():
+    """route: the targets handed back by one call go straight to the tilted regions in the next;
+    the answers stay within the tolerance of the direct sum, and the mask handed back contains
+    the route (those targets never meet the global expansion). A route of every target serves
+    them all without the global expansion."""
+    mesh, model, f = hard_case(16, 30.0)
+    x = mesh.edge_points.reshape(-1, 3)
+    _, ref_div, ref = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="direct")
+    stats = {}
+    attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic", stats=stats)
+    first = stats["handed_back"]
+    assert 0 < first.sum() < len(x)
+    for route in (first, np.ones(len(x), dtype=bool)):
+        stats = {}
+        _, div, m = attention_field(model, mesh.centroids, f * mesh.area, x, want_div=True, method="harmonic",
+                                    stats=stats, route=route)
+        assert np.all(stats["handed_back"][route])
+        assert stats["tilted"] + stats["fallbacks"] == stats["handed_back"].sum()
+        np.testing.assert_allclose(m, ref, atol=2e-10)
+        scale = 30.0 * np.linalg.norm(model.V, 2) * np.linalg.norm(model.B, 2)
+        np.testing.assert_allclose(div, ref_div, atol=4e-10 * scale + 1e-9)
+
+
 def test_region_cache_reuses_only_what_it_may():
     """The per-region tilted coefficients are reused for the same sources, masses and model,
     computed only for regions not yet held, and recomputed when the masses or β change: every
