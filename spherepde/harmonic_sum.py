@@ -48,7 +48,7 @@ tilted masses alone at degree L + 2: the moments' coefficients follow exactly fr
 sparse maps of moment_maps (g Y_ℓm is a harmonic polynomial of degree ≤ ℓ + 2), 4–10× fewer
 multiply-adds than summing each moment. Measured
 on the quick-start run refined to nside 128 (validation.concentrated_cost): at t = 6 (density
-2e-11 … 150) one evaluation at the 786 432 edge points took 7.6 s with 8 % of the targets left to
+2e-11 … 150) one evaluation at the 786 432 edge points took 3.8 s with 4 % of the targets left to
 the tree, against 30 s with 82 % before. What is still over budget is re-summed by the tree
 where that pays (FALLBACK_TREE_CAP_FRACTION), else directly.
 L is the smallest degree whose tail is below TAIL_FRACTION·tol, L ≈ √(70 κ_max): the cost grows with
