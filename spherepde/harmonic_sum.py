@@ -111,7 +111,7 @@ def scaled_bessel(kappa, shift, out):
         out[l] *= scale
 
 
-PAD = 4  # the inner loops of harmonic_row run to a multiple of PAD (no scalar remainders)
+PAD = 8  # the inner loops of harmonic_row run to a multiple of PAD (no scalar remainders)
 
 
 def _padded(n):

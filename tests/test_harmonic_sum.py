@@ -186,8 +186,7 @@ def test_region_level_and_source_rows():
     _source_rows(y, L, qmm, a, b, out)
     for j in range(9):
         row = np.zeros(row_length(L))
-        harmonic_row(y[j, 0], y[j, 1], y[j, 2], L, qmm, a, b, np.ones(L + 1), np.zeros((2, L + 5)),
-                     np.zeros((3, L + 5)), row)
+        harmonic_row(y[j, 0], y[j, 1], y[j, 2], L, qmm, a, b, np.ones(L + 1), *work_arrays(L), row)
         np.testing.assert_array_equal(out[j], row)
 
 
