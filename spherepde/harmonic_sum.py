@@ -371,13 +371,13 @@ def _coefficients(sources, mu, L, qmm, a, b, parts):
 @njit(cache=True, parallel=True)
 def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
               velocity, divergence, mean, fallback):
-    # rounding[ℓ]: the series' rounding per unit weight of degree ℓ (see _expansion_pass)
     """For each target: t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') with w = βBᵀx − shift, x' = w/|w|, κ = |w|
     (shift = 0: the global expansion; else the tilted one of a region, whose coefficients carry
     the factor e^{⟨shift, y⟩}), contracted with the coefficients coef_t (moments × harmonics, 4 or
     12 rows), then finished (velocity, divergence, mean); a target whose error bound
     2·(err + noise₀‖t‖₂ + noise₁t₀ + Σ_ℓ w_ℓ·rounding[ℓ])/Z exceeds tol is marked for re-summing
-    (fallback[i] = 1)."""
+    (fallback[i] = 1); rounding[ℓ] is the series' rounding per unit weight of degree ℓ
+    (_expansion_pass)."""
     nmom = 10 if want_div else 4
     ntarget = targets.shape[0]
     for blk in prange((ntarget + BLOCK - 1) // BLOCK):
@@ -562,8 +562,8 @@ class _RegionCache(threading.local):
         """region_coefficients for the regions (pixels at nside, with their shifts), from the
         cache where it holds them. model_key: what else the shifts depend on (β, B)."""
         key = (nside, L2, model_key)
-        same = (self.key is not None and self.key[0] == key and self.key[1].shape == sources.shape
-                and np.array_equal(self.key[1], sources) and np.array_equal(self.key[2], mu))
+        same = (self.key is not None and self.key[0] == key and np.array_equal(self.key[1], sources)
+                and np.array_equal(self.key[2], mu))
         if not same:
             self.key = (key, sources.copy(), mu.copy())
             self.rows = {}
@@ -580,25 +580,23 @@ class _RegionCache(threading.local):
 _REGION_CACHE = _RegionCache()
 
 
-def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean, nside=None):
+def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean):
     """Re-evaluate the targets `redo` by tilted regional expansions (module docstring): group them by
     HEALPix pixel R of target space (centre x_R), tilt the masses by e^{⟨s_R, y⟩}, s_R = βBᵀx_R,
     and expand only e^{⟨w, y⟩}, w = βBᵀx − s_R. The coefficients of all regions come from one
     matrix product per block of sources, (regions, block) × (block, harmonics to degree L + 2),
-    and moment_maps. Regions are HEALPix pixels at `nside` (default tilt_region_nside; the degree
-    follows from the pixel radius). Writes the outputs of the targets within the error budget;
-    returns the indices still over it."""
+    and moment_maps. Regions are HEALPix pixels at tilt_region_nside (the degree follows from the
+    pixel radius). Writes the outputs of the targets within the error budget; returns the
+    indices still over it."""
     import healpy as hp
 
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     beta_sigma = beta * float(np.linalg.norm(BT, 2))
-    if nside is None:
-        nside = tilt_region_nside(beta_sigma)
+    nside = tilt_region_nside(beta_sigma)
     if nside is None or len(mu) == 0:
         return redo
     L, tail = harmonic_degree(min(TILT_MAX_W, beta_sigma * hp.max_pixrad(nside)), tail_target(tol))
-    qmm, a, b = _legendre_tables(L)
     nk = row_length(L)
     rows = 12 if want_div else 4
     pix = hp.vec2pix(nside, *np.asarray(targets[redo]).T, nest=True)
@@ -613,8 +611,11 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
         coef[:, q, :] = (m @ coef0_t).T
     still = []
     n = len(mu)
+    # the targets of each region: one sort, not a scan of all targets per region
+    order = np.argsort(region_of, kind="stable")
+    bounds = np.searchsorted(region_of[order], np.arange(nreg + 1))
     for r in range(nreg):
-        idx = redo[region_of == r]
+        idx = redo[order[bounds[r]:bounds[r + 1]]]
         sub = np.ascontiguousarray(targets[idx])
         out = (np.empty((len(idx), 3)), np.empty(len(idx)), np.empty((len(idx), 3)))
         # the budget of _expansion_pass from the region's tilted masses, summarised by their sums
@@ -622,10 +623,7 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
         fallback = _expansion_pass(sub, coef[r], stats, L, tail, tol, BT, beta, shifts[r], model.V, want_div,
                                    *out)
         good = fallback == 0
-        velocity[idx[good]] = out[0][good]
-        mean[idx[good]] = out[2][good]
-        if want_div:
-            divergence[idx[good]] = out[1][good]
+        _write_back(idx, out, good, want_div, velocity, divergence, mean)
         still.append(idx[~good])
     return np.concatenate(still) if still else redo[:0]
 
@@ -708,11 +706,7 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
             out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
             over = _global_pass(sources, mu, np.ascontiguousarray(targets[tried]), L, tail, tol, BT, beta,
                                 model.V, want_div, *out)
-            good = tried[~over]
-            velocity[good] = out[0][~over]
-            mean[good] = out[2][~over]
-            if want_div:
-                divergence[good] = out[1][~over]
+            _write_back(tried, out, ~over, want_div, velocity, divergence, mean)
             handed[tried[over]] = True
     redo = np.flatnonzero(handed)
     handed_back = redo.size
@@ -734,11 +728,16 @@ def harmonic_softmax(model, sources, masses, targets, soa, sample, rmax, want_di
             how = "direct"
             softmax_blocked(redo_targets, BT, beta, soa, sample, rmax, model.V, want_div, *out,
                             np.empty((n, 0), dtype=np.int64), np.empty((n, 0, 10)), np.empty(0))
-        velocity[redo] = out[0]
-        mean[redo] = out[2]
-        if want_div:
-            divergence[redo] = out[1]
+        _write_back(redo, out, slice(None), want_div, velocity, divergence, mean)
     return L, int(redo.size), how, int(tilted), handed
+
+
+def _write_back(idx, out, keep, want_div, velocity, divergence, mean):
+    """The outputs of the targets idx[keep] from those of a subset evaluation, out[·][keep]."""
+    velocity[idx[keep]] = out[0][keep]
+    mean[idx[keep]] = out[2][keep]
+    if want_div:
+        divergence[idx[keep]] = out[1][keep]
 
 
 def _global_pass(sources, mu, targets, L, tail, tol, BT, beta, V, want_div, velocity, divergence, mean):
