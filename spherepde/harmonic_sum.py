@@ -382,7 +382,7 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
     ntarget = targets.shape[0]
     nblocks = (ntarget + BLOCK - 1) // BLOCK
     nchunks = min(nblocks, 8 * nthreads)
-    per_chunk = (nblocks + nchunks - 1) // nchunks
+    per_chunk = (nblocks + nchunks - 1) // max(nchunks, 1)  # no targets: no chunks
     for chunk in prange(nchunks):
         # work arrays once per chunk, not per block: allocating and zeroing the rows for every
         # 16 targets cost a quarter of an evaluation (measured)

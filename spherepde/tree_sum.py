@@ -211,7 +211,7 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
     nmom = 10 if want_div else 4
     nblocks = (ntarget + TARGET_GROUP - 1) // TARGET_GROUP
     nchunks = min(nblocks, 8 * nthreads)
-    per_chunk = (nblocks + nchunks - 1) // nchunks
+    per_chunk = (nblocks + nchunks - 1) // max(nchunks, 1)  # no targets: no chunks
     for chunk in prange(nchunks):
         # work arrays once per chunk: the gathered sources can be all of them
         buf = np.empty((4, nsource))

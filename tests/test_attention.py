@@ -127,3 +127,12 @@ def test_no_mass_is_an_error():
     model = AttentionModel(np.eye(3), np.eye(3), 1.0)
     with pytest.raises(ValueError, match="no positive mass"):
         attention_field(model, random_points(5, 0), np.zeros(5), random_points(2, 1))
+
+
+@pytest.mark.parametrize("method", ["direct", "tree", "harmonic", "auto"])
+def test_no_targets_give_empty_fields(method):
+    """A solver may ask for the field at no points (e.g. a subset that came out empty)."""
+    model = AttentionModel(np.eye(3), np.eye(3), 30.0)
+    src = random_points(300, 3)
+    v, d, m = attention_field(model, src, np.ones(300), np.empty((0, 3)), want_div=True, method=method)
+    assert v.shape == (0, 3) and d.shape == (0,) and m.shape == (0, 3)

@@ -317,3 +317,35 @@ def test_contraction_kernels_match_numpy():
         acc = coef_t.copy()
         _accumulate4(rows, g, acc)
         np.testing.assert_allclose(acc, coef_t + g @ rows, rtol=1e-12, atol=1e-12)
+
+
+def test_evaluation_does_not_depend_on_its_work_chunks():
+    """_evaluate splits the targets into chunks of blocks by the thread count; every target is
+    computed alone within its block, so any chunking gives bit-identical results, for target
+    counts that do not fill a block and for none at all."""
+    from spherepde.harmonic_sum import _evaluate, _legendre_tables
+
+    rng = np.random.default_rng(11)
+    L = 12
+    qmm, a, b = _legendre_tables(L)
+    coef_t = rng.normal(size=(12, row_length(L)))
+    coef_t[0] = np.abs(coef_t[0]) + 50.0  # a positive partition function: targets are finished
+    BT = rng.normal(size=(3, 3))
+    V = rng.normal(size=(3, 3))
+    for n in (0, 1, 17, 16 * 40 + 3):
+        x = rng.normal(size=(n, 3))
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
+        results = []
+        for nthreads in (1, 2, 7):
+            out = (np.full((n, 3), np.nan), np.full(n, np.nan), np.full((n, 3), np.nan))
+            fallback = np.full(n, 9, dtype=np.int8)
+            _evaluate(x, coef_t, L, qmm, a, b, 0.0, np.zeros(2), np.zeros(L + 1), 1e-3, BT, 2.0,
+                      np.zeros(3), V, True, *out, fallback, nthreads)
+            results.append((out, fallback))
+        for out, fallback in results:
+            assert np.isin(fallback, (0, 1)).all()  # every target was reached
+            assert n == 0 or (fallback == 0).mean() > 0.9
+            np.testing.assert_array_equal(fallback, results[0][1])
+            for got, ref in zip(out, results[0][0]):
+                assert np.isfinite(got[fallback == 0]).all()
+                np.testing.assert_array_equal(got, ref)  # NaN (not served) where ref is NaN
