@@ -53,3 +53,19 @@ def test_initial_fields_ranges():
     assert 0 < h.min() and h.max() < 0.95 * 1.01
     b = cosine_bells(x)
     assert b.min() == pytest.approx(0.1) and b.max() <= 1.0
+
+
+def test_direct_sum_benchmark_times_the_direct_sum(monkeypatch, capsys):
+    """validation.benchmark_attention reports the direct kernel's ns per pair: at nside 32, β = 30
+    the default method would pick the harmonic expansion, which must not be what is timed."""
+    import spherepde.harmonic_sum as harmonic_sum
+    import validation.benchmark_attention as bench
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the direct-sum benchmark called the harmonic expansion")
+
+    monkeypatch.setattr(harmonic_sum, "harmonic_softmax", refuse)
+    monkeypatch.setattr(bench, "measure_peak", lambda: (1.0, 1.0))
+    rows = bench.run(nsides=(32,), betas=(30.0,), repeats=1, ref_targets=64, numpy_targets=64,
+                     accuracy_targets=4)
+    assert len(rows) == 2 and all(row["dm"] < 1e-12 for row in rows)

@@ -9,7 +9,8 @@ fixed non-symmetric B = I + 0.3 G₁, V = I + 0.3 G₂ (G Gaussian, seed 0). Eve
 best of --repeats runs in the same process (other processes may share the machine), with numba's
 default thread count. Columns, in ns per pair (time / (targets × sources)):
 
-- fast: spherepde.attention.attention_field → softmax_blocked (all targets);
+- fast: spherepde.attention.attention_field with method="direct" → softmax_blocked (all targets;
+  the default "auto" would pick the harmonic expansion here);
 - reference: softmax_direct_reference, the scalar libm-exp kernel it replaces (a subset of the
   targets at nside ≥ 64, scaled per pair);
 - numpy: a plain NumPy/SciPy logsumexp, blocked over 256 targets so memory stays bounded (a
@@ -201,12 +202,12 @@ def run(nsides=(32, 64), betas=(30.0,), repeats=3, ref_targets=49152, numpy_targ
             sub_np = targets[::max(1, nt // numpy_targets)][:numpy_targets]
             for want_div in (False, True):
                 fast = ns_per_pair(lambda: attention.attention_field(
-                    model, sources, masses, targets, want_div=want_div), nt, ns, repeats)
+                    model, sources, masses, targets, want_div=want_div, method="direct"), nt, ns, repeats)
                 ref = ns_per_pair(lambda: reference_kernel(model, sources, masses, sub_ref,
                                                            want_div), len(sub_ref), ns, repeats)
                 nump = ns_per_pair(lambda: numpy_softmax(model, sources, masses, sub_np,
                                                          want_div), len(sub_np), ns, repeats)
-                m_fast = attention.attention_field(model, sources, masses, sub_ref)[2]
+                m_fast = attention.attention_field(model, sources, masses, sub_ref, method="direct")[2]
                 m_ref = reference_kernel(model, sources, masses, sub_ref, False)[2]
                 dm = np.abs(m_fast - m_ref).max() / np.abs(m_ref).max()
                 flop = FLOPS_PER_PAIR[want_div]
@@ -230,7 +231,8 @@ def run(nsides=(32, 64), betas=(30.0,), repeats=3, ref_targets=49152, numpy_targ
             x = targets[:: max(1, len(targets) // accuracy_targets)][:accuracy_targets]
             m_exact, div_exact = extended_precision(model, sources, masses, x)
             for name, (_, div, m) in (
-                    ("fast", attention.attention_field(model, sources, masses, x, want_div=True)),
+                    ("fast", attention.attention_field(model, sources, masses, x, want_div=True,
+                                                       method="direct")),
                     ("reference", reference_kernel(model, sources, masses, x, True)),
                     ("numpy", numpy_softmax(model, sources, masses, x, True))):
                 dm = np.abs(m - m_exact).max()
