@@ -368,6 +368,50 @@ def _coefficients(sources, mu, L, qmm, a, b, parts):
             _accumulate4(rows, g, coef_t)
 
 
+@njit(cache=True)
+def _block_moments(targets, i0, coef_t, L, qmm, a, b, rounding, BT, beta, shift, wl, trig, q, rows, mom,
+                   tnorm, t0_weight, series):
+    """The moments mom[:, t] of the BLOCK targets i0 + t (past the end: the last target again), in
+    groups of GROUP: per target the weighted harmonic row of t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x'), then
+    four points × four moments contracted with coef_t; also the error-budget inputs ‖t‖₂ (tnorm),
+    t₀ (t0_weight) and Σ_ℓ w_ℓ·rounding[ℓ] (series). The rest are work arrays (_evaluate)."""
+    ntarget = targets.shape[0]
+    kappa_prev = -1.0
+    norm_prev = 0.0
+    series_prev = 0.0
+    for grp in range(BLOCK // GROUP):
+        for s in range(GROUP):
+            t = grp * GROUP + s
+            i = min(i0 + t, ntarget - 1)  # padding repeats the last target
+            w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1], targets[i, 2])
+            w0 -= shift[0]
+            w1 -= shift[1]
+            w2 -= shift[2]
+            kappa = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
+            if kappa > 0.0:
+                v0, v1, v2 = w0 / kappa, w1 / kappa, w2 / kappa
+            else:
+                v0, v1, v2 = 0.0, 0.0, 1.0  # κ = 0: any unit vector (only ℓ = 0 contributes)
+            # a scaled orthogonal B: one κ for all targets, up to rounding (a relative change
+            # of 1e-14 in κ changes the weights' ratios by ~1e-14·ℓ: far below tol)
+            if abs(kappa - kappa_prev) > 1e-14 * kappa:
+                scaled_bessel(kappa, kappa, wl)
+                s2 = 0.0
+                series_prev = 0.0
+                for l in range(L + 1):
+                    wl[l] *= 4.0 * math.pi
+                    s2 += wl[l] * wl[l] * (2 * l + 1)
+                    series_prev += wl[l] * rounding[l]
+                norm_prev = math.sqrt(s2 / (4.0 * math.pi))
+                kappa_prev = kappa
+            tnorm[t] = norm_prev
+            series[t] = series_prev
+            t0_weight[t] = wl[0]
+            harmonic_row(v0, v1, v2, L, qmm, a, b, wl, trig, q, rows[s])
+        for q0 in range(0, coef_t.shape[0], 4):
+            _contract4(rows, coef_t, q0, mom, grp * GROUP)
+
+
 @njit(cache=True, parallel=True)
 def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
               velocity, divergence, mean, fallback, nthreads):
@@ -397,41 +441,8 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
         momt = np.empty(nmom)
         for blk in range(chunk * per_chunk, min(nblocks, (chunk + 1) * per_chunk)):
             i0 = blk * BLOCK
-            kappa_prev = -1.0
-            norm_prev = 0.0
-            series_prev = 0.0
-            for grp in range(BLOCK // GROUP):
-                for s in range(GROUP):
-                    t = grp * GROUP + s
-                    i = min(i0 + t, ntarget - 1)  # padding repeats the last target
-                    w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1],
-                                                              targets[i, 2])
-                    w0 -= shift[0]
-                    w1 -= shift[1]
-                    w2 -= shift[2]
-                    kappa = math.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
-                    if kappa > 0.0:
-                        v0, v1, v2 = w0 / kappa, w1 / kappa, w2 / kappa
-                    else:
-                        v0, v1, v2 = 0.0, 0.0, 1.0  # κ = 0: any unit vector (only ℓ = 0 contributes)
-                    # a scaled orthogonal B: one κ for all targets, up to rounding (a relative change
-                    # of 1e-14 in κ changes the weights' ratios by ~1e-14·ℓ: far below tol)
-                    if abs(kappa - kappa_prev) > 1e-14 * kappa:
-                        scaled_bessel(kappa, kappa, wl)
-                        s2 = 0.0
-                        series_prev = 0.0
-                        for l in range(L + 1):
-                            wl[l] *= 4.0 * math.pi
-                            s2 += wl[l] * wl[l] * (2 * l + 1)
-                            series_prev += wl[l] * rounding[l]
-                        norm_prev = math.sqrt(s2 / (4.0 * math.pi))
-                        kappa_prev = kappa
-                    tnorm[t] = norm_prev
-                    series[t] = series_prev
-                    t0_weight[t] = wl[0]
-                    harmonic_row(v0, v1, v2, L, qmm, a, b, wl, trig, q, rows[s])
-                for q0 in range(0, coef_t.shape[0], 4):
-                    _contract4(rows, coef_t, q0, mom, grp * GROUP)
+            _block_moments(targets, i0, coef_t, L, qmm, a, b, rounding, BT, beta, shift, wl, trig, q, rows,
+                           mom, tnorm, t0_weight, series)
             for t in range(min(BLOCK, ntarget - i0)):
                 i = i0 + t
                 for r in range(nmom):
