@@ -46,11 +46,12 @@ however empty the region, so the same error budget passes where the global one f
 coefficients of all regions come from one matrix product per block of sources (BLAS), for the
 tilted masses alone at degree L + 2: the moments' coefficients follow exactly from those by the
 sparse maps of moment_maps (g Y_ℓm is a harmonic polynomial of degree ≤ ℓ + 2), 4–10× fewer
-multiply-adds than summing each moment. Measured
-on the quick-start run refined to nside 128 (validation.concentrated_cost): at t = 6 (density
-2e-11 … 150) one evaluation at the 786 432 edge points took 3.8 s with 4 % of the targets left to
-the tree, against 30 s with 82 % before. What is still over budget is re-summed by the tree
-where that pays (FALLBACK_TREE_CAP_FRACTION), else directly.
+multiply-adds than summing each moment. The targets still over budget get a second try in
+pixels half as wide (|w| halved: their terms span e^{|w|} less; TILT_LEVELS). What is still over
+budget after that is re-summed by the tree where that pays (FALLBACK_TREE_CAP_FRACTION), else
+directly. Measured on the quick-start run refined to nside 128 (validation.concentrated_cost): at
+t = 6 (density 2e-11 … 150) one evaluation at the 786 432 edge points took 3.8 s with one level
+and 4 % of the targets left to the tree, against 30 s with 82 % without the tilted regions.
 L is the smallest degree whose tail is below TAIL_FRACTION·tol, L ≈ √(70 κ_max): the cost grows with
 κ, so this is the method for moderate β; the tree takes large β.
 """
@@ -72,6 +73,10 @@ TAIL_FRACTION = 1e-5  # truncation error per unit mass (relative to the largest 
 MAX_DEGREE = 400
 TILT_MAX_W = 8.0  # tilted regions: |w| ≤ this, so a region's terms span at most e^{2·8} of its sums
 TILT_MAX_NSIDE = 16  # finer regions (large β) are left to the tree
+TILT_LEVELS = 2  # region levels tried in turn: what one level hands on goes to pixels half as wide
+# (|w| halves, so the terms span e^{|w|} less); at nside 128, t = 6 of the quick-start run, the second
+# level served all 31 485 targets the first handed on in 1.34 s where the tree took 1.50 s, and the cell
+# evaluation that follows reuses its regions
 FALLBACK_TREE_CAP_FRACTION = 0.6  # re-sum the fallback targets with the tree below this cap
 # fraction (attention.tree_cap_fraction), else directly: on two vMF peaks over a 1e-6 floor at
 # nside 64 the tree took 0.62× the direct time at β = 30 (fraction 0.47), 1.13× at β = 10 (1.4)
@@ -565,31 +570,31 @@ def region_coefficients(sources, mu, shifts, L2):
 
 
 class _RegionCache(threading.local):
-    """The tilted coefficients of the last source measure, per region: the edge and the cell
-    evaluations of one velocity refresh sum the same density over largely the same regions
-    (the cells' are nearly always among the edges'), so the second pays only for new regions.
-    Keyed by the sources, the masses (compared by value), the region level and the degree;
-    per thread (sweeps may run solvers in threads)."""
+    """The tilted coefficients of the last source measure, per region level and region: the edge
+    and the cell evaluations of one velocity refresh sum the same density over largely the same
+    regions (the cells' are nearly always among the edges'), so the second pays only for new
+    regions. Keyed by the sources and the masses (compared by value) and the model; then by
+    region level, degree and pixel. Per thread (sweeps may run solvers in threads)."""
 
     def __init__(self):
         self.key = None
-        self.rows = {}  # region pixel → (coef0 row, s1, s2)
+        self.rows = {}  # (level, degree, region pixel) → (coef0 row, s1, s2)
 
     def coefficients(self, sources, mu, nside, regions, shifts, L2, model_key):
         """region_coefficients for the regions (pixels at nside, with their shifts), from the
         cache where it holds them. model_key: what else the shifts depend on (β, B)."""
-        key = (nside, L2, model_key)
-        same = (self.key is not None and self.key[0] == key and np.array_equal(self.key[1], sources)
+        same = (self.key is not None and self.key[0] == model_key and np.array_equal(self.key[1], sources)
                 and np.array_equal(self.key[2], mu))
         if not same:
-            self.key = (key, sources.copy(), mu.copy())
+            self.key = (model_key, sources.copy(), mu.copy())
             self.rows = {}
-        missing = np.array([r not in self.rows for r in regions.tolist()], dtype=bool)
+        keys = [(nside, L2, r) for r in regions.tolist()]
+        missing = np.array([k not in self.rows for k in keys], dtype=bool)
         if missing.any():
             new = region_coefficients(sources, mu, shifts[missing], L2)
-            for i, r in enumerate(regions[missing].tolist()):
-                self.rows[r] = (new[0][i], new[1][i], new[2][i])
-        got = [self.rows[r] for r in regions.tolist()]
+            for i, k in enumerate(k for k, miss in zip(keys, missing) if miss):
+                self.rows[k] = (new[0][i], new[1][i], new[2][i])
+        got = [self.rows[k] for k in keys]
         return (np.array([g[0] for g in got]).reshape(len(regions), -1), np.array([g[1] for g in got]),
                 np.array([g[2] for g in got]))
 
@@ -603,16 +608,30 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
     and expand only e^{⟨w, y⟩}, w = βBᵀx − s_R. The coefficients of all regions come from one
     matrix product per block of sources, (regions, block) × (block, harmonics to degree L + 2),
     and moment_maps. Regions are HEALPix pixels at tilt_region_nside (the degree follows from the
-    pixel radius). Writes the outputs of the targets within the error budget; returns the
+    pixel radius); the targets still over their budget there get a second try in pixels half as
+    wide (TILT_LEVELS). Writes the outputs of the targets within the error budget; returns the
     indices still over it."""
+    BT = np.ascontiguousarray(model.B.T, dtype=float)
+    beta_sigma = float(model.beta) * float(np.linalg.norm(BT, 2))
+    nside = tilt_region_nside(beta_sigma)
+    if nside is None or len(mu) == 0:
+        return redo
+    for _ in range(TILT_LEVELS):
+        if redo.size == 0 or nside > TILT_MAX_NSIDE:
+            break
+        redo = _tilted_level(model, nside, sources, mu, targets, redo, tol, want_div, velocity, divergence,
+                             mean)
+        nside *= 2
+    return redo
+
+
+def _tilted_level(model, nside, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean):
+    """tilted_pass with regions at one HEALPix level nside; returns the targets still over budget."""
     import healpy as hp
 
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     beta_sigma = beta * float(np.linalg.norm(BT, 2))
-    nside = tilt_region_nside(beta_sigma)
-    if nside is None or len(mu) == 0:
-        return redo
     L, tail = harmonic_degree(min(TILT_MAX_W, beta_sigma * hp.max_pixrad(nside)), tail_target(tol))
     nk = row_length(L)
     rows = 12 if want_div else 4

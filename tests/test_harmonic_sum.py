@@ -164,6 +164,26 @@ def test_two_peaks_over_a_tiny_floor():
     np.testing.assert_allclose(div, ref_div, atol=1e-8 * np.abs(ref_div).max())
 
 
+def test_second_region_level_serves_what_the_first_hands_on(monkeypatch):
+    """Two peaks over a 1e-11 floor: the nside-4 regions (|w| ≤ 7.6) leave a few hundred targets
+    over budget, which the nside-8 regions (|w| ≤ 3.8, terms spanning e^{3.8} less) all serve, to
+    the tolerance of the direct sum; with one level those go to the fallback instead."""
+    import spherepde.harmonic_sum as harmonic_sum
+    from spherepde.initial import Mixture
+
+    mesh = HealpixMesh(16)
+    model = AttentionModel(np.diag([-1.0, -1.0, 1.0]), np.diag([-1.0, 1.0, -2.0]), 30.0)
+    peaks = Mixture([0.5, 0.5], [VonMisesFisher([1.0, 0.0, 0.0], 300.0), VonMisesFisher([-1.0, 0.0, 0.0], 300.0)])
+    f = peaks.cell_averages(mesh) + 1e-11 * 300 / (4 * np.pi)
+    m, div, stats, ref, ref_div = harmonic_and_direct(model, mesh, f)
+    assert stats["fallbacks"] == 0 and stats["tilted"] == stats["handed_back"].sum(), stats
+    np.testing.assert_allclose(m, ref, atol=2e-10)
+    np.testing.assert_allclose(div, ref_div, atol=1e-8 * np.abs(ref_div).max())
+    monkeypatch.setattr(harmonic_sum, "TILT_LEVELS", 1)
+    _, _, one_level, _, _ = harmonic_and_direct(model, mesh, f)
+    assert one_level["fallbacks"] > 100, one_level
+
+
 def test_region_level_and_source_rows():
     """tilt_region_nside: the coarsest level whose pixel radius keeps |w| ≤ TILT_MAX_W, none for
     large β; _source_rows: harmonic_row of each source."""
@@ -238,6 +258,13 @@ def test_region_cache_reuses_only_what_it_may():
     check(mu, 1.0, [0, 2])
     check(mu, 1.0, [2, 3, 4])  # 2 reused, 3 and 4 added
     assert calls == [2, 4]
+    got = cache.coefficients(y, mu, 4, regions[[2]], shifts[[2]], 5, 1.0)  # a second level, same measure
+    np.testing.assert_array_equal(got[0], region_coefficients(y, mu, shifts[[2]], 5)[0])
+    assert len(cache.rows) == 5  # held beside the first level's
+    calls.append(len(cache.rows))
+    check(mu, 1.0, [0, 2])  # the first level's rows are still there
+    assert calls == [2, 4, 5, 5]
+    del calls[2:]
     check(mu * 1.5, 1.0, [2])  # other masses: a fresh cache
     check(mu * 1.5, 2.0, [2, 4])  # another model: fresh again
     assert calls[2:] == [1, 2]
