@@ -434,7 +434,7 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
     per_chunk = (nblocks + nchunks - 1) // max(nchunks, 1)  # no targets: no chunks
     for chunk in prange(nchunks):
         # work arrays once per chunk, not per block: allocating and zeroing the rows for every
-        # 16 targets cost a quarter of an evaluation (measured)
+        # 16 targets cost ~8 % of an evaluation (measured at nside 64: 159 → 147 ms)
         wl = np.empty(L + 1)
         trig = np.zeros((2, L + 1 + PAD))
         q = np.zeros((3, L + 1 + PAD))
