@@ -592,7 +592,8 @@ class _RegionCache(threading.local):
         missing = np.array([k not in self.rows for k in keys], dtype=bool)
         if missing.any():
             new = region_coefficients(sources, mu, shifts[missing], L2)
-            for i, k in enumerate(k for k, miss in zip(keys, missing) if miss):
+            new_keys = [k for k, miss in zip(keys, missing) if miss]
+            for i, k in enumerate(new_keys):
                 self.rows[k] = (new[0][i], new[1][i], new[2][i])
         got = [self.rows[k] for k in keys]
         return (np.array([g[0] for g in got]).reshape(len(regions), -1), np.array([g[1] for g in got]),
@@ -612,26 +613,26 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
     wide (TILT_LEVELS). Writes the outputs of the targets within the error budget; returns the
     indices still over it."""
     BT = np.ascontiguousarray(model.B.T, dtype=float)
-    beta_sigma = float(model.beta) * float(np.linalg.norm(BT, 2))
+    beta = float(model.beta)
+    beta_sigma = beta * float(np.linalg.norm(BT, 2))
     nside = tilt_region_nside(beta_sigma)
     if nside is None or len(mu) == 0:
         return redo
     for _ in range(TILT_LEVELS):
         if redo.size == 0 or nside > TILT_MAX_NSIDE:
             break
-        redo = _tilted_level(model, nside, sources, mu, targets, redo, tol, want_div, velocity, divergence,
-                             mean)
+        redo = _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo, tol, want_div,
+                             velocity, divergence, mean)
         nside *= 2
     return redo
 
 
-def _tilted_level(model, nside, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean):
-    """tilted_pass with regions at one HEALPix level nside; returns the targets still over budget."""
+def _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo, tol, want_div, velocity,
+                  divergence, mean):
+    """tilted_pass with regions at one HEALPix level nside (BT = Bᵀ, beta_sigma = β σ_max(B));
+    returns the targets still over budget."""
     import healpy as hp
 
-    BT = np.ascontiguousarray(model.B.T, dtype=float)
-    beta = float(model.beta)
-    beta_sigma = beta * float(np.linalg.norm(BT, 2))
     L, tail = harmonic_degree(min(TILT_MAX_W, beta_sigma * hp.max_pixrad(nside)), tail_target(tol))
     nk = row_length(L)
     rows = 12 if want_div else 4
