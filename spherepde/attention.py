@@ -550,11 +550,13 @@ def _near_arrays(near, masses, nsource, ntarget):
     f_c = μ_c/A; empty arrays (K = 0) without a near field."""
     if near is None or near.cells.shape[1] == 0:
         return (np.empty((ntarget, 0), dtype=np.int64), np.empty((ntarget, 0, 10)), np.empty(0))
-    if near.cells.shape[0] != ntarget or near.npix != nsource:
+    # the cells come first; point sources after them (atoms) need no correction
+    if near.cells.shape[0] != ntarget or nsource < near.npix:
         raise ValueError("the near field was built for other targets or another mesh")
     masses = np.asarray(masses, dtype=float)
     with np.errstate(divide="ignore"):
-        log2_factor = np.log2(np.maximum(masses, 0.0)) - np.log2(masses.max()) - np.log2(near.area)
+        log2_factor = (np.log2(np.maximum(masses[: near.npix], 0.0)) - np.log2(masses.max())
+                       - np.log2(near.area))
     return near.cells, near.delta, log2_factor
 
 
@@ -602,9 +604,15 @@ class AttentionField:
             elif size > 0:
                 self.near = NearField(mesh, model, self.targets)
 
-    def __call__(self, f, want_div=False):
+    def __call__(self, f, want_div=False, points=None, point_masses=None):
+        """The field of the cell densities f (and of point masses at points (n, 3), the atoms of
+        spherepde.atoms: exact point sources, appended after the cells)."""
         self.stats.pop("handed_back", None)
-        result = attention_field(self.model, self.mesh.centroids, f * self.mesh.area, self.targets,
+        sources, masses = self.mesh.centroids, f * self.mesh.area
+        if points is not None and len(points):
+            sources = np.concatenate([sources, points])
+            masses = np.concatenate([masses, point_masses])
+        result = attention_field(self.model, sources, masses, self.targets,
                                  want_div=want_div, out=self._out, method=self.method, tol=self.tol,
                                  stats=self.stats, near=self.near, route=self._route)
         self._route = self.stats.get("handed_back")

@@ -9,7 +9,11 @@ A config has the sections
                    summation ("auto" | "direct" | "tree" | "harmonic"), tolerance (of the tree, relative, in
                    (0, 1e-3]), near_field (true: exact kernel integrals near the peak),
                    velocity_tolerance (0: exact velocity at every stage; ε in (0, 0.1]: evaluate it
-                   every Δ and extrapolate, relative edge-flux error ≈ ε/2)
+                   every Δ and extrapolate, relative edge-flux error ≈ ε/2), atoms (true: density
+                   plus point masses for the clusters the mesh cannot resolve, spherepde.atoms)
+                   with atom_width (creation threshold on the peak's width, cell sizes, (0, 3]),
+                   atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
+                   max_atoms (slots, 1 … 4096)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -45,7 +49,8 @@ DEFAULTS = {
     "model": {"beta": None, "B": None, "V": None},
     "initial": {"kind": "uniform"},
     "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
-                 "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0},
+                 "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
+                 "atoms": False, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -215,6 +220,17 @@ def resolve(raw: dict) -> dict:
                                         low=0.0, high=0.1)
     if not isinstance(eul["near_field"], bool):
         raise ConfigError(f"[eulerian] near_field: must be true or false, got {eul['near_field']!r}")
+    if not isinstance(eul["atoms"], bool):
+        raise ConfigError(f"[eulerian] atoms: must be true or false, got {eul['atoms']!r}")
+    eul["atom_width"] = _number("eulerian", "atom_width", eul["atom_width"], positive=True, high=3.0)
+    eul["atom_min_mass"] = _number("eulerian", "atom_min_mass", eul["atom_min_mass"], low=0.0, high=1.0)
+    if eul["atom_min_mass"] >= 1.0:
+        raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
+                          f"got {eul['atom_min_mass']:g}")
+    eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
+    cap = eul["max_atoms"]
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
+        raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")
 
     tm = cfg["time"]
     tm["t_end"] = _number("time", "t_end", tm["t_end"], positive=True)

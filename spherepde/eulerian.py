@@ -15,6 +15,11 @@ Every step passes the run guards (spherepde.guards), which raise RunFailure with
 cell and the state at failure. A run can be continued from any snapshot: the record of a
 snapshot holds all the solver state besides the density (SolverState.from_record), so
 `snapshots(f0, times, start=state)` continues exactly as the uninterrupted run did.
+
+With atoms (spherepde.atoms) the state is the measure f dA + Σ m_k δ_{x_k}: the atoms are point
+sources of every velocity evaluation, move with the Runge–Kutta stages of the mesh, and after
+every step are fed, created and merged (in that order) on the new density. The mass guard and
+the record `mass` are those of the whole measure; min f and the density bounds stay on f.
 """
 
 from __future__ import annotations
@@ -25,18 +30,19 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from .attention import DEFAULT_TOL, AttentionField
+from .atoms import ATOM_META, Atoms
+from .attention import DEFAULT_TOL, AttentionField, attention_field
 from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
 from .transport.stepping import StepSizeCollapse
 
-__all__ = ["EulerianSolver", "SNAPSHOT_META", "SolverState"]
+__all__ = ["EulerianSolver", "SNAPSHOT_META", "ATOM_META", "SolverState"]
 
 # per-snapshot records of a run: name → (long_name, units)
 SNAPSHOT_META = {
-    "mass": ("total mass ∫f dA", "1"),
+    "mass": ("total mass ∫f dA (+ Σ m_k of the atoms, when on)", "1"),
     "min_density": ("min over cells of f_t", "sr-1"),
     "max_density": ("max over cells of f_t", "sr-1"),
     "sup_div": ("sup over cell centroids of div_S v", "1"),
@@ -71,14 +77,22 @@ class SolverState:
     max_sup_div: float
     velocity_interval: float = 0.0
     velocity_interval_linear: float = 0.0
+    atoms: dict | None = None  # Atoms.state() (arrays and counters), when atoms are on
 
     @classmethod
-    def from_record(cls, index, density, record):
-        """The state of a snapshot from its density and its SNAPSHOT_META record."""
+    def from_record(cls, index, density, record, arrays=None):
+        """The state of a snapshot from its density, its SNAPSHOT_META (and ATOM_META) record and,
+        with atoms, its arrays atom_position, atom_mass, atom_created."""
+        atoms = None
+        if arrays is not None and "atom_mass" in arrays:
+            atoms = {name: np.array(arrays[name], dtype=float)
+                     for name in ("atom_position", "atom_mass", "atom_created")}
+            atoms.update(created=int(record["atoms_created"]), merged=int(record["atoms_merged"]),
+                         refused=int(record["atoms_refused"]))
         return cls(index, np.array(density, dtype=float), float(record["step_safety"]),
                    int(record["steps"]), int(record["steps_rejected"]), float(record["sup_div"]),
                    float(record["integrated_sup_div"]), float(record["max_sup_div"]),
-                   float(record["velocity_interval"]), float(record["velocity_interval_linear"]))
+                   float(record["velocity_interval"]), float(record["velocity_interval_linear"]), atoms)
 
 
 class EulerianSolver:
@@ -90,11 +104,13 @@ class EulerianSolver:
     near_field: exact kernel integrals over the cells around the peak (AttentionField).
     velocity_tolerance: 0 (exact velocity at every stage) or ε > 0, the relative error allowed
     to the edge fluxes extrapolated between exact evaluations (ExtrapolatedFlux).
+    atoms: None (density only) or a dict of Atoms options (capacity, width, min_mass, merge):
+    the state becomes density plus atoms (module docstring); self.atoms is the Atoms.
     """
 
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
-                 near_field: bool = True, velocity_tolerance: float = 0.0):
+                 near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None):
         check_model(model.B, model.V, model.beta)
         self.mesh = mesh
         self.model = model
@@ -105,6 +121,7 @@ class EulerianSolver:
         self.operator = FluxDivergence(mesh, scheme)
         # the guard's own copy of the stepper's bound: it checks the stepper, not itself
         self.courant_limit = max(cfl, self.operator.positivity_courant)
+        self.summation, self.tolerance, self.near_field = summation, tolerance, near_field
         field = dict(method=summation, tol=tolerance, near_field=near_field)
         self._edge_field = AttentionField(model, mesh, mesh.edge_points.reshape(-1, 3), **field)
         self._cell_field = AttentionField(model, mesh, mesh.centroids, **field)
@@ -117,17 +134,46 @@ class EulerianSolver:
         if self.velocity_tolerance > 0:
             self._lag = ExtrapolatedFlux(self.velocity_tolerance, mesh.edge_weights.shape)
             stage_flux = self._stage_flux
+        self.atoms = None if atoms is None else Atoms(mesh, **atoms)
         self.stepper = SSPStepper(self.operator, stage_flux, order=rk_order, cfl=cfl,
-                                  dt_floor=self.guards.dt_floor)
+                                  dt_floor=self.guards.dt_floor,
+                                  point_velocity=None if atoms is None else self.atom_velocity)
 
-    def edge_flux(self, t, f):
-        """Edge fluxes un = w (v[f]·n) at the edge quadrature points (the flow is autonomous)."""
-        v, _, _ = self._edge_field(f)
+    def _point_sources(self, points):
+        """(positions, masses) of the atoms as point sources: at the stage positions `points`
+        when given, else where the atoms are; (None, None) without atoms."""
+        if self.atoms is None or self.atoms.count == 0:
+            return None, None
+        x, m = self.atoms.points()
+        return (x if points is None else points), m
+
+    def edge_flux(self, t, f, points=None):
+        """Edge fluxes un = w (v[ρ]·n) at the edge quadrature points for ρ = f dA (+ the atoms,
+        at the stage positions points) (the flow is autonomous)."""
+        x, m = self._point_sources(points)
+        v, _, _ = self._edge_field(f) if x is None else self._edge_field(f, False, x, m)
         kernels.edge_normal_flux(v.reshape(self.mesh.edge_points.shape), self.mesh.edge_normals,
                                  self.mesh.edge_weights, self._un)
         return self._un
 
-    def _stage_flux(self, t, f):
+    def atom_velocity(self, t, f, points):
+        """Tangent velocities (n, 3) of atoms at points in the field of f dA + Σ m_k δ_{points_k}:
+        the atoms are point sources and targets (the local field at β = ∞). The mesh part gets
+        the near-field corrections where the kernel is narrower than a cell."""
+        x, m = self._point_sources(points)
+        near = None
+        if self.near_field and not self.model.zero_temperature:
+            from .near_field import NearField, table_bytes
+
+            if table_bytes(self.mesh, self.model, points) > 0:
+                near = NearField(self.mesh, self.model, points)
+        sources = np.concatenate([self.mesh.centroids, x])
+        masses = np.concatenate([f * self.mesh.area, m])
+        v, _, _ = attention_field(self.model, sources, masses, points, method=self.summation,
+                                  tol=self.tolerance, near=near)
+        return v
+
+    def _stage_flux(self, t, f, points=None):
         """Stage fluxes when the velocity is extrapolated: the stored exact fluxes at the last
         refresh, the extrapolation where it is usable, else the exact fluxes (cold: they start
         the history, ExtrapolatedFlux.record_stage)."""
@@ -136,7 +182,7 @@ class EulerianSolver:
             return lag.latest
         if lag.usable(t):
             return lag.predict(t)
-        un = self.edge_flux(t, f)
+        un = self.edge_flux(t, f, points)
         lag.record_stage(t, un)
         return un
 
@@ -151,15 +197,40 @@ class EulerianSolver:
         self._cell_field.forget_route()
 
     def velocity_at_cells(self, f):
-        """(v, div_S v, m_β) at the cell centroids for the density f."""
-        return self._cell_field(f, want_div=True)
+        """(v, div_S v, m_β) at the cell centroids for the density f (and the atoms)."""
+        x, m = self._point_sources(None)
+        return self._cell_field(f, want_div=True) if x is None else self._cell_field(f, True, x, m)
+
+    def total_mass(self, f) -> float:
+        """∫f dA plus the mass of the atoms."""
+        mass = self.mesh.integrate(f)
+        return mass if self.atoms is None else mass + self.atoms.total_mass
+
+    def _atom_step(self, t, f_old, f_new) -> bool:
+        """After an accepted step: the atoms take the stepper's positions, then feeding, creation
+        and merging on f_new (in place). True when atoms were created or merged (the source
+        measure changed by more than a feed)."""
+        atoms = self.atoms
+        if atoms.count:
+            atoms.set_points(self.stepper.points)
+        divergence = self.operator.divergence  # of the last stage's edge fluxes
+        atoms.feed(f_old, f_new, divergence)
+        changed = atoms.create(t, f_new, divergence) > 0
+        changed = atoms.merge() > 0 or changed
+        self._sync_points()
+        return changed
+
+    def _sync_points(self):
+        """The stepper carries the living atoms (None when there are none)."""
+        if self.atoms is not None:
+            self.stepper.points = self.atoms.points()[0].copy() if self.atoms.count else None
 
     def sup_divergence(self, f) -> float:
         return float(self.velocity_at_cells(f)[1].max())
 
     def _checked_sup_divergence(self, t, f, mass0) -> float:
         """The guards on f, then sup div v (guarded too)."""
-        self.guards.density(t, f, self.mesh.integrate(f), mass0)
+        self.guards.density(t, f, self.total_mass(f), mass0)
         div = self.velocity_at_cells(f)[1]
         self.guards.divergence(t, f, div)
         return float(div.max())
@@ -176,6 +247,18 @@ class EulerianSolver:
         if f.shape != (mesh.npix,):
             raise ValueError(f"f0 must have shape ({mesh.npix},), got {f.shape}")
         ell0, mass0 = float(f.min()), float(mesh.integrate(f))
+        atoms = self.atoms
+        if atoms is not None:
+            if start is not None and start.atoms is not None:
+                a = start.atoms
+                atoms.restore(a["atom_position"], a["atom_mass"], a["atom_created"], a["created"],
+                              a["merged"], a["refused"])
+            else:
+                atoms.restore(np.full((atoms.capacity, 3), np.nan), np.zeros(atoms.capacity),
+                              np.full(atoms.capacity, np.nan))
+            self._sync_points()
+            if start is not None and start.index == 0:
+                mass0 += atoms.total_mass  # a start with atoms given at t = 0
         if start is None:
             start = SolverState(index=0, density=f, safety=1.0, steps=0, rejected=0,
                                 sup_div=self._checked_sup_divergence(times[0], f, mass0), integral=0.0,
@@ -203,11 +286,17 @@ class EulerianSolver:
         def after_step(t, fnew):
             self.guards.courant(t, fnew, self.stepper.last_courant, self.stepper.last_courant_cell,
                                 self.courant_limit)
+            changed = False
+            if atoms is not None:
+                changed = self._atom_step(t, state["f"], fnew)
+                state["f"] = fnew
             if lag is not None:
-                self.guards.density(t, fnew, mesh.integrate(fnew), mass0)
+                self.guards.density(t, fnew, self.total_mass(fnew), mass0)
                 dt, state["t_step"] = t - state["t_step"], t
-                if t != state["t_save"] and not lag.due(t, dt):
+                if t != state["t_save"] and not lag.due(t, dt) and not changed:
                     return
+                if changed:  # a new source measure: the flux history restarts from here
+                    lag.forget()
                 if t == state["t_save"]:
                     self._forget_routes()  # a resumed run evaluates this refresh afresh
                 self._refresh(t, fnew)
@@ -223,6 +312,7 @@ class EulerianSolver:
         for k in range(first, len(times)):
             t_save = times[k]
             state["t_save"] = t_save
+            state["f"] = f
             if k > 0:
                 try:
                     f = self.stepper.advance(f, times[k - 1], t_save, callback=after_step)
@@ -238,9 +328,9 @@ class EulerianSolver:
                 lag.clear_error()
                 if k > 0:
                     lag.reset()
-            yield k, t_save, f, {
+            record = {
                 "time": t_save,
-                "mass": mesh.integrate(f),
+                "mass": self.total_mass(f),
                 "min_density": float(f.min()),
                 "max_density": float(f.max()),
                 "sup_div": state["sup_div"],
@@ -254,6 +344,11 @@ class EulerianSolver:
                 "velocity_interval_linear": 0.0 if lag is None else lag.intervals[0],
                 "velocity_lag_error": lag_error,
             }
+            if atoms is not None:
+                record.update({"atom_count": atoms.count, "atom_mass_total": atoms.total_mass,
+                               "mesh_mass": mesh.integrate(f), "atoms_created": atoms.created_count,
+                               "atoms_merged": atoms.merged_count, "atoms_refused": atoms.refused_count})
+            yield k, t_save, f, record
 
     def run(self, f0, t_end: float, save_every: float, C0: float | None = None,
             progress: bool = False, on_snapshot=None) -> xr.Dataset:

@@ -29,8 +29,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import build_initial_law, build_model, difference
-from .diagnostics import DIAGNOSTIC_META, MeasureDiagnostics, lyapunov_cell_averages, w2_binned
-from .eulerian import SNAPSHOT_META, EulerianSolver, SolverState
+from .diagnostics import DIAGNOSTIC_META, MeasureDiagnostics, lyapunov, lyapunov_cell_averages, w2_binned
+from .eulerian import ATOM_META, SNAPSHOT_META, EulerianSolver, SolverState
 from .guards import Guards, RunFailure
 from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, read_resume_point, timestamp
 from .mesh import HealpixMesh
@@ -54,15 +54,30 @@ class _CellMeasure:
         self.points = pts.reshape(-1, 3)
         self._w = w * mesh.area
         self._lyapunov_cells = lyapunov_cell_averages(mesh, model, p)
+        self._model, self._p, self._area = model, p, float(mesh.area)
 
     def weights(self, f):
         return (np.asarray(f)[:, None] * self._w[None, :]).ravel()
 
-    def lyapunov(self, f):
-        """V_p of the piecewise-constant density: Σ f_c G_c / Σ f_c (inf·0 counts as 0)."""
+    def lyapunov(self, f, atom_points=None, atom_masses=None):
+        """V_p of the piecewise-constant density: Σ f_c G_c / Σ f_c (inf·0 counts as 0); with
+        atoms, of the whole measure (Σ f_c A G_c + Σ m_k g(x_k)) / (Σ f_c A + Σ m_k)."""
         f = np.asarray(f)
         charged = f > 0
-        return float(f[charged] @ self._lyapunov_cells[charged] / f.sum())
+        num = float(f[charged] @ self._lyapunov_cells[charged])
+        den = float(f.sum())
+        if atom_masses is not None and len(atom_masses):
+            point_value = lyapunov(self._model, atom_points, atom_masses, self._p)  # per unit mass
+            total = float(np.sum(atom_masses))
+            return (num * self._area + point_value * total) / (den * self._area + total)
+        return num / den
+
+    def measure(self, f, atom_points=None, atom_masses=None):
+        """(points, weights) of the whole measure: the cell quadrature and the atoms."""
+        weights = self.weights(f)
+        if atom_masses is None or not len(atom_masses):
+            return self.points, weights
+        return np.concatenate([self.points, atom_points]), np.concatenate([weights, atom_masses])
 
 
 class _Particles(NamedTuple):
@@ -74,6 +89,14 @@ class _Particles(NamedTuple):
     weights: np.ndarray
     log_f0: np.ndarray | None
     rng: dict | None
+
+
+def _atom_options(eul):
+    """The Atoms options of an [eulerian] section, or None when atoms are off."""
+    if not eul["atoms"]:
+        return None
+    return {"capacity": eul["max_atoms"], "width": eul["atom_width"], "min_mass": eul["atom_min_mass"],
+            "merge": eul["atom_merge"]}
 
 
 def _particle_setup(config, model, law, mesh):
@@ -118,7 +141,8 @@ class _Setup:
                                      rk_order=eul["rk_order"], guards=Guards(**config["guards"]),
                                      summation=eul["summation"], tolerance=eul["tolerance"],
                                      near_field=eul["near_field"],
-                                     velocity_tolerance=eul["velocity_tolerance"])
+                                     velocity_tolerance=eul["velocity_tolerance"],
+                                     atoms=_atom_options(eul))
         self.measure = measure = _CellMeasure(mesh, model, dg["p"])
         self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
                                               w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
@@ -147,11 +171,21 @@ class _Setup:
                                     "V_p with the singular integrand integrated adaptively per cell"),
         }
         self.dims, self.arrays, self.static = {}, {}, {}
+        if self.solver.atoms is not None:
+            self.variables.update(ATOM_META)
+            self.dims.update(atom=self.solver.atoms.capacity, xyz=3)
+            self.arrays.update({
+                "atom_position": (("atom", "xyz"), "atom positions on the unit sphere (NaN: no atom in the slot)", "1"),
+                "atom_mass": (("atom",), "atom masses (0: no atom in the slot)", "1"),
+                "atom_created": (("atom",), "creation time of the slot's atom (NaN: slot never used)", "1"),
+            })
+            self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
+                               "atom_merge": eul["atom_merge"]})
         if self.particles:
             psolver, x0, pweights, log_f0, rng_record = self.particles
             self.pdiag = MeasureDiagnostics(model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
             self.variables.update(PARTICLE_META)
-            self.dims = {"particle": x0.shape[0], "xyz": 3}
+            self.dims.update(particle=x0.shape[0], xyz=3)
             self.arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
             self.static["particle_weights"] = (("particle",), pweights, "particle weights (mass)", "1")
             if log_f0 is not None:
@@ -185,17 +219,25 @@ class _Setup:
         return out
 
     def snapshot(self, t, f, rec, c0, particle_state):
-        """(values, arrays) of a regular snapshot: the solver record and every diagnostic."""
+        """(values, arrays) of a regular snapshot: the solver record and every diagnostic, on the
+        whole measure (density and atoms)."""
         values = dict(rec)
-        cell_weights = self.measure.weights(f)
-        values.update(self.diagnostics(self.measure.points, cell_weights, lyapunov_value=self.measure.lyapunov(f)))
-        values.update({name: float(v[0]) for name, v in self.paper_curves([t], c0).items()})
         arrays = {}
+        atoms = self.solver.atoms
+        xa = ma = None
+        if atoms is not None:
+            xa, ma = atoms.points()
+            state = atoms.state()
+            arrays.update({name: state[name] for name in ("atom_position", "atom_mass", "atom_created")})
+        points, weights = self.measure.measure(f, xa, ma)
+        lyap = self.measure.lyapunov(f, xa, ma)
+        values.update(self.diagnostics(points, weights, lyapunov_value=lyap))
+        values.update({name: float(v[0]) for name, v in self.paper_curves([t], c0).items()})
         if particle_state is not None:
             psolver, pweights = self.particles.solver, self.particles.weights
             x, log_f = particle_state
             values.update({f"particle_{n}": v for n, v in self.pdiag(x, pweights).items()})
-            values["w2_eulerian_particles"] = w2_binned(self.measure.points, cell_weights, x, pweights,
+            values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
                                                         nside=self.config["diagnostics"]["w2_nside"])
             values["particle_field_evaluations"] = psolver.evaluations
             arrays["positions"] = x
@@ -249,7 +291,7 @@ def _reopen(setup, path, point, times):
     """(writer, records, start) continuing the run in the file from its resume point."""
     writer = RunWriter.reopen(path, setup.variables, setup.arrays, point.index + 1)  # checks the layout
     records = point.records
-    start = _Start(SolverState.from_record(point.index, point.density, records[-1]))
+    start = _Start(SolverState.from_record(point.index, point.density, records[-1], point.arrays))
     if setup.particles:
         setup.particles.solver.evaluations = int(records[-1]["particle_field_evaluations"])
         start = start._replace(positions=point.arrays["positions"],

@@ -63,3 +63,37 @@ def hardmax_field(targets, B, sources, weights, V):
     m = sources[np.argmax(scores, axis=1)]
     u = m @ V.T
     return u - np.sum(u * targets, axis=1, keepdims=True) * targets
+
+
+def unresolved_peaks(f, neighbours, centroids, divergence, area, tie=1e-12):
+    """spherepde.atoms.unresolved_peaks with sets: (width σ/h, excess mass, centre, floor, patch
+    as a set of cells) per cell, width inf and mass 0 off the representatives."""
+    npix = f.size
+    idx = np.arange(npix)
+    maximal = ~(f[neighbours] > f[:, None] * (1 + tie)).any(axis=1)
+    tied = (neighbours != idx[:, None]) & (f[neighbours] >= f[:, None] * (1 - tie))
+    width = np.full(npix, np.inf)
+    mass = np.zeros(npix)
+    centre = np.zeros((npix, 3))
+    floor = np.zeros(npix)
+    patches = [set() for _ in range(npix)]
+    for c in np.flatnonzero((f > 0) & (divergence < 0) & maximal):
+        group = {c} | set(neighbours[c][tied[c]].tolist())
+        if any(q < c and maximal[q] for q in group):
+            continue
+        ring1 = set(neighbours[list(group)].ravel().tolist()) | group
+        ring2 = set(neighbours[list(ring1)].ravel().tolist()) | ring1
+        outer = np.array(sorted(ring2 - ring1), dtype=int)
+        patch = np.array(sorted(ring2), dtype=int)
+        bg = f[outer].min() if outer.size else 0.0
+        e = np.clip(f[patch] - bg, 0, None) * area
+        if not e.sum() > 0:
+            continue
+        mean = e @ centroids[patch] / e.sum()
+        var = e @ np.sum((centroids[patch] - mean) ** 2, axis=1) / e.sum()
+        width[c] = np.sqrt(var / area)
+        mass[c] = e.sum()
+        centre[c] = mean / np.linalg.norm(mean)
+        floor[c] = bg
+        patches[c] = set(patch.tolist())
+    return width, mass, centre, floor, patches

@@ -3,6 +3,11 @@
 Shu–Osher form: u⁽⁰⁾ = uⁿ, u⁽ⁱ⁾ = aᵢ uⁿ + bᵢ (u⁽ⁱ⁻¹⁾ + dt L(u⁽ⁱ⁻¹⁾, tⁿ + cᵢ dt)). Every stage is
 a convex combination of forward-Euler steps (SSP coefficient 1), so the positivity of one Euler
 step under the outflow Courant bound carries over to the whole step.
+
+Carried points (the atoms of spherepde.atoms): points P on S² that move with the same stages,
+P⁽ⁱ⁾ = N(aᵢ Pⁿ + bᵢ (P⁽ⁱ⁻¹⁾ + dt w(P⁽ⁱ⁻¹⁾))), N(p) = p/|p| and w their tangent velocity at the
+stage state (u⁽ⁱ⁻¹⁾, P⁽ⁱ⁻¹⁾). The normalisation only rescales (its change of direction is
+O(dt³) per step), so the stepper keeps its order for the points.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ class SSPStepper:
     controller that aims the largest stage Courant number at 95 % of the stage limit: it shrinks
     after a rejection or a step close to the limit and recovers (≤ 5 % per step, at most 1).
 
+    point_velocity: None, or w(t, f, points) → (n, 3) tangent velocities of carried points; then
+    edge_flux is called as edge_flux(t, f, points), and self.points (n, 3), set by the caller,
+    moves with the stages (module docstring) and is replaced after every accepted step.
+
     State carried from step to step: safety (and the counters steps, rejected); a run restored
     with the same safety continues exactly as it would have. After each accepted step,
     last_courant is its largest stage Courant number and last_courant_cell the cell where it
@@ -50,13 +59,15 @@ class SSPStepper:
     """
 
     def __init__(self, operator, edge_flux, order: int = 2, cfl: float = 0.5,
-                 dt_floor: float = 1e-12):
+                 dt_floor: float = 1e-12, point_velocity=None):
         if order not in SSP_RK:
             raise ValueError(f"rk order must be one of {sorted(SSP_RK)}, got {order!r}")
         if not (math.isfinite(cfl) and cfl > 0):
             raise ValueError(f"cfl must be a positive number, got {cfl!r}")
         self.operator = operator
         self.edge_flux = edge_flux
+        self.point_velocity = point_velocity
+        self.points = None
         self.order = order
         self.tableau = SSP_RK[order]
         self.cfl = float(cfl)
@@ -77,15 +88,19 @@ class SSPStepper:
         op = self.operator
         # copy: providers may reuse one buffer, and later stages would overwrite it before a
         # rejected step is retried from un0
-        un0 = np.array(self.edge_flux(t, f), copy=True)
+        points = self.points if self.point_velocity is not None else None
+        un0 = np.array(self._flux(t, f, points), copy=True)
+        w0 = None if points is None else self.point_velocity(t, f, points)
         rate0 = op.max_outflow_rate(un0)  # also leaves op's per-cell rates for un0 in place
         dt = dt_max if rate0 <= 0.0 else min(dt_max, self.safety * self.cfl / rate0)
         while True:
             if dt < self.dt_floor and dt < dt_max:
                 raise StepSizeCollapse(t, dt, int(np.argmax(op.outflow)), f)
-            new, stage_rate = self._attempt(f, t, dt, un0)
+            new, stage_rate = self._attempt(f, t, dt, un0, points, w0)
             if new is not None:
                 self.steps += 1
+                if points is not None:
+                    new, self.points = new
                 if self._step_courant > 0 and dt * rate0 >= 0.5 * self.safety * self.cfl:
                     # only steps sized by the Courant number (not cut by dt_max) steer the factor
                     factor = 0.95 * self.stage_limit / self._step_courant
@@ -96,17 +111,24 @@ class SSPStepper:
             dt = 0.9 * self.stage_limit / stage_rate
             op.flow_rates(un0)  # the first stage reuses un0's rates
 
-    def _attempt(self, f, t, dt, un0):
-        """Run the stages; (f_new, None), or (None, offending outflow rate) if a stage is too fast."""
+    def _flux(self, t, f, points):
+        return self.edge_flux(t, f) if points is None else self.edge_flux(t, f, points)
+
+    def _attempt(self, f, t, dt, un0, points=None, w0=None):
+        """Run the stages; (f_new, None), or (None, offending outflow rate) if a stage is too fast.
+        With carried points, f_new is the pair (f_new, points_new)."""
         op = self.operator
         prev = f
+        prev_points = points
         courant, courant_cell = 0.0, -1
         last = len(self.tableau) - 1
         for i, (a, b, c) in enumerate(self.tableau):
             if i == 0:
-                un = un0
+                un, w = un0, w0
             else:
-                un = self.edge_flux(t + c * dt, prev)
+                un = self._flux(t + c * dt, prev, prev_points)
+                if points is not None:
+                    w = self.point_velocity(t + c * dt, prev, prev_points)
                 op.flow_rates(un)
             cell = int(np.argmax(op.outflow))
             rate = float(op.outflow[cell])
@@ -123,11 +145,16 @@ class SSPStepper:
             np.multiply(self._rhs, b, out=stage)
             if a != 0.0:
                 stage += a * f
+            if points is not None:
+                moved = b * (prev_points + dt * w)
+                if a != 0.0:
+                    moved += a * points
+                prev_points = moved / np.linalg.norm(moved, axis=1, keepdims=True)
             prev = stage
         self.max_courant = max(self.max_courant, courant)
         self._step_courant = courant
         self.last_courant, self.last_courant_cell = courant, courant_cell
-        return prev, None
+        return (prev if points is None else (prev, prev_points)), None
 
     def advance(self, f, t0: float, t1: float, callback=None):
         """Integrate from t0 to exactly t1. callback(t, f) after every step (it sees the new state

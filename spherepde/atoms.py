@@ -1,0 +1,378 @@
+"""Atoms: point masses that carry the clusters the mesh can no longer resolve.
+
+With atoms the Eulerian state is the measure ρ_t = f_t dA + Σ_k m_k δ_{x_k}: the density on the
+mesh plus atoms at exact positions. A Dirac mass moved by the characteristic flow x' = v[ρ](x)
+is an exact weak solution of the continuity equation (DESIGN.md §2), so an atom adds no error of
+its own once it exists; the errors are those of creating and feeding it. This is the
+sink-particle technique of Eulerian gas dynamics (Bate, Bonnell & Price 1995; Krumholz, McKee &
+Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
+
+- Creation (unresolved_peaks, Atoms.create): a peak is a cell c that no neighbour exceeds, with
+  the neighbours tied with it to round-off (TIE; the 4 cells around a vertex of a symmetric
+  state), in a compressive flow (discrete divergence of the last stage's edge fluxes < 0). Its
+  patch P is the group with two rings of neighbours around each member (≤ 36 cells for a group
+  of 4), its floor f_bg the minimum of f over the outer ring, its excess masses
+  e_j = (f_j − f_bg)⁺ A. The peak is unresolved when the excess's second-moment width
+  σ = (Σ e_j |y_j − ȳ|² / Σ e_j)^½ (chordal, ȳ the excess's mean, y_j the cell centroids) is at
+  most `width` cell sizes h = √A, and it holds at least `min_mass`: then the excess becomes one
+  atom at ȳ/|ȳ| and the patch cells keep min(f_j, f_bg). Mass is exact (to round-off) and the
+  direction of the first moment too; its length loses ~σ²/2, the second-order defect of
+  replacing a distribution of width σ by a point on the sphere. σ over a 5 × 5 patch is 0.66 h
+  for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
+  wider than the patch (a paraboloid above its floor), so `width` ≈ 1.3 makes the atom when the
+  peak stops being resolved, before it becomes a one-cell spike (DESIGN.md §7).
+  A peak whose patch holds an atom's cell joins that atom (the mass the flow gathers next to an
+  atom, in a cell that is not its own), at the atom's position like feeding.
+- Feeding (Atoms.feed): after each step, the net mesh mass the flow carried into the cells an
+  atom feeds from (the cell whose centroid is nearest to it; all of the tied ones at a
+  symmetric point), A (f_c^{n+1} − f_c^n) where positive and the cell compressive, joins the
+  atom, and those cells keep f_c^n. Mass is exact; the fed mass joins at the atom's position,
+  which moves the first moment by Δ·(x_k − y_c), |x_k − y_c| ≲ h/√2: a cell average has no
+  sub-cell position, and placing the fed mass at the centroid instead pulls atoms toward the
+  centroids (measured: an atom at the unstable equilibrium e₁, a cell vertex, moved 6e-4 in
+  t = 0.5 at nside 8, β = 10, where the symmetric rule keeps it to round-off — such a
+  displacement seeds the F-phase). This does not drain the background: the atom takes only
+  the growth of those cells during the step, never what they held before, so every cell keeps
+  at least the value it had, which is ≥ min f; creation leaves min(f_j, f_bg) ≥ min f likewise.
+  So neither lowers min f_t, and the density lower bounds (ℓ₀ exp(−∫ sup div v), ½ℓ₀e^{−C₀t})
+  remain statements on f_t.
+- Motion: the atoms are carried points of the Runge–Kutta stepper (transport.stepping), moving
+  with the attention field of the whole measure (cells and atoms as sources; the local field at
+  β = ∞). They are point sources of every summation method (no quadrature, no near-field
+  correction) and targets of it.
+- Merging (Atoms.merge): atoms closer than `merge` cell sizes merge, closest pair first, into
+  the older one at the normalised mass-weighted mean (mass exact).
+
+Atoms live in `capacity` slots (the atom dimension of the run file): a new atom takes the first
+slot never used, else the first free one; a slot keeps its atom's creation time while it lives.
+When every slot is alive, a peak is not turned into an atom and `refused` counts it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+__all__ = ["Atoms", "unresolved_peaks", "PATCH_SIZE", "ATOM_META"]
+
+PATCH_SIZE = 64  # the two rings around a group of ≤ 4 tied maxima: at most 6 × 6 cells (7 × 7 for 9)
+TIE = 1e-12  # relative: values this close count as equal (a symmetric state is symmetric to round-off)
+
+# per-snapshot records of the atoms: name → (long_name, units)
+ATOM_META = {
+    "atom_count": ("number of atoms", "1"),
+    "atom_mass_total": ("total mass of the atoms Σ m_k", "1"),
+    "mesh_mass": ("mass of the mesh density ∫f dA", "1"),
+    "atoms_created": ("atoms created since t = 0", "1"),
+    "atoms_merged": ("atom merges since t = 0", "1"),
+    "atoms_refused": ("unresolved peaks left on the mesh since t = 0 because every atom slot was alive", "1"),
+}
+
+
+@njit(cache=True)
+def _add_unique(cells, n, c):
+    """Append c to cells[:n] unless present (or full); returns the new length."""
+    for i in range(n):
+        if cells[i] == c:
+            return n
+    if n == cells.shape[0]:
+        return n
+    cells[n] = c
+    return n + 1
+
+
+@njit(cache=True)
+def _maximal(f, neighbours, c):
+    """No neighbour of c exceeds f_c by more than the tie tolerance."""
+    top = f[c] * (1.0 + TIE)
+    for k in range(8):
+        if f[neighbours[c, k]] > top:
+            return False
+    return True
+
+
+@njit(cache=True, parallel=True)
+def unresolved_peaks(f, neighbours, centroids, divergence, area, peak_width, peak_mass, peak_centre,
+                     peak_floor, patch_cells):
+    """Creation candidates (module docstring). A peak is a group G: a cell c whose neighbours do
+    not exceed f_c (to the relative tie tolerance TIE) with the neighbours tied with it; its
+    representative is the lowest index among the group's maximal cells, and it must have
+    divergence < 0. Its patch is G with two rings of neighbours around every member (tied
+    maxima of a symmetric state thus give a symmetric patch), its floor f_bg the minimum over
+    the cells of the patch outside the first rings. For each representative write the patch
+    patch_cells[c] (−1 padded), f_bg, the excess mass Σ e_j (e_j = (f_j − f_bg)⁺ A), the unit
+    centre ȳ/|ȳ| of the excess and its width σ/h (h = √area); other cells get width inf, mass 0.
+
+    f (npix,); neighbours (npix, 8) (a missing neighbour is the cell itself, HealpixMesh);
+    centroids (npix, 3); divergence (npix,) per unit time; area the cell area (sr). σ is
+    returned for every candidate: the caller applies the thresholds.
+    """
+    npix = f.shape[0]
+    h = math.sqrt(area)
+    for c in prange(npix):
+        peak_width[c] = np.inf
+        peak_mass[c] = 0.0
+        peak_floor[c] = 0.0
+        patch = patch_cells[c]
+        for k in range(PATCH_SIZE):
+            patch[k] = -1
+        fc = f[c]
+        if not (fc > 0.0 and divergence[c] < 0.0 and _maximal(f, neighbours, c)):
+            continue
+        group = np.empty(9, dtype=np.int64)
+        group[0] = c
+        ng = 1
+        represent = True
+        for k in range(8):
+            q = neighbours[c, k]
+            if q != c and f[q] >= fc * (1.0 - TIE):
+                ng = _add_unique(group, ng, q)
+                if q < c and _maximal(f, neighbours, q):
+                    represent = False
+        if not represent:
+            continue
+        n = 0
+        for g in range(ng):  # the group and its first rings
+            n = _add_unique(patch, n, group[g])
+            for k in range(8):
+                n = _add_unique(patch, n, neighbours[group[g], k])
+        inner = n
+        for i in range(inner):  # the second rings
+            q = patch[i]
+            for l in range(8):
+                n = _add_unique(patch, n, neighbours[q, l])
+        floor = fc
+        for i in range(inner, n):
+            floor = min(floor, f[patch[i]])
+        if n == inner:  # no outer ring (a mesh of 12 cells)
+            floor = 0.0
+        total = 0.0
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        for i in range(n):
+            j = patch[i]
+            e = max(f[j] - floor, 0.0) * area
+            total += e
+            s0 += e * centroids[j, 0]
+            s1 += e * centroids[j, 1]
+            s2 += e * centroids[j, 2]
+        if not total > 0.0:
+            continue
+        m0 = s0 / total
+        m1 = s1 / total
+        m2 = s2 / total
+        var = 0.0
+        for i in range(n):
+            j = patch[i]
+            e = max(f[j] - floor, 0.0) * area
+            d0 = centroids[j, 0] - m0
+            d1 = centroids[j, 1] - m1
+            d2 = centroids[j, 2] - m2
+            var += e * (d0 * d0 + d1 * d1 + d2 * d2)
+        norm = math.sqrt(m0 * m0 + m1 * m1 + m2 * m2)
+        peak_centre[c, 0] = m0 / norm
+        peak_centre[c, 1] = m1 / norm
+        peak_centre[c, 2] = m2 / norm
+        peak_width[c] = math.sqrt(var / total) / h
+        peak_mass[c] = total
+        peak_floor[c] = floor
+
+
+def _unit(v):
+    return v / np.linalg.norm(v)
+
+
+class Atoms:
+    """The atoms of an Eulerian run and the rules that create, feed and merge them.
+
+    mesh: the HealpixMesh; capacity: slots; width: creation threshold on σ in cell sizes h = √A;
+    min_mass: smallest excess mass that becomes an atom (the initial mass is 1 for a probability
+    density); merge: merge distance in cell sizes (chordal).
+    State: positions (capacity, 3) (NaN in unused slots), masses (capacity,) (0: no atom),
+    created (capacity,) creation times (NaN: never used); counters created_count, merged_count,
+    refused_count.
+    """
+
+    def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
+                 merge: float = 0.5):
+        self.mesh = mesh
+        self.capacity = int(capacity)
+        self.width = float(width)
+        self.min_mass = float(min_mass)
+        self.merge_distance = float(merge) * math.sqrt(mesh.area)
+        self.positions = np.full((self.capacity, 3), np.nan)
+        self.masses = np.zeros(self.capacity)
+        self.created = np.full(self.capacity, np.nan)
+        self.created_count = self.merged_count = self.refused_count = 0
+        n = mesh.npix
+        self._width = np.empty(n)
+        self._mass = np.empty(n)
+        self._centre = np.zeros((n, 3))
+        self._floor = np.empty(n)
+        self._patch = np.empty((n, PATCH_SIZE), dtype=np.int64)
+        self._neighbours = np.ascontiguousarray(mesh.neighbours, dtype=np.int64)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def alive(self):
+        return self.masses > 0
+
+    @property
+    def count(self) -> int:
+        return int(np.count_nonzero(self.alive))
+
+    @property
+    def total_mass(self) -> float:
+        return float(self.masses.sum())
+
+    def points(self):
+        """(positions (n, 3), masses (n,)) of the living atoms, in slot order."""
+        alive = self.alive
+        return self.positions[alive], self.masses[alive]
+
+    def set_points(self, positions):
+        """Move the living atoms (slot order) to positions (n, 3)."""
+        self.positions[self.alive] = positions
+
+    def cells(self, positions=None):
+        """The mesh cells of the living atoms (or of positions)."""
+        import healpy as hp
+
+        x = self.points()[0] if positions is None else positions
+        if len(x) == 0:
+            return np.empty(0, dtype=np.int64)
+        return hp.vec2pix(self.mesh.nside, x[:, 0], x[:, 1], x[:, 2], nest=True).astype(np.int64)
+
+    def state(self) -> dict:
+        """The arrays of the run file (and of a resume): atom_position, atom_mass, atom_created,
+        and the counters."""
+        return {"atom_position": self.positions.copy(), "atom_mass": self.masses.copy(),
+                "atom_created": self.created.copy(), "created": self.created_count,
+                "merged": self.merged_count, "refused": self.refused_count}
+
+    def restore(self, positions, masses, created, created_count=0, merged_count=0, refused_count=0):
+        """Set the state exactly as saved (Atoms.state)."""
+        if np.shape(masses) != (self.capacity,):
+            raise ValueError(f"atom state for {np.shape(masses)} slots, this run has {self.capacity}")
+        self.positions = np.array(positions, dtype=float).reshape(self.capacity, 3)
+        self.masses = np.array(masses, dtype=float)
+        self.masses[~np.isfinite(self.masses)] = 0.0
+        self.created = np.array(created, dtype=float)
+        self.created_count, self.merged_count = int(created_count), int(merged_count)
+        self.refused_count = int(refused_count)
+
+    def _absorb(self, k, mass, centre):
+        """Atom k gains mass at centre: mass exact, position the normalised mass-weighted mean."""
+        m = self.masses[k]
+        self.positions[k] = _unit(m * self.positions[k] + mass * centre)
+        self.masses[k] = m + mass
+
+    def _new_slot(self):
+        unused = np.flatnonzero(np.isnan(self.created))
+        if unused.size:
+            return int(unused[0])
+        free = np.flatnonzero(~self.alive)
+        return int(free[0]) if free.size else None
+
+    # ------------------------------------------------------------------ rules
+    def find_peaks(self, f, divergence):
+        """Run unresolved_peaks on f; returns the candidate cells (unresolved, heavy enough),
+        heaviest first. The per-cell results stay in the work arrays."""
+        mesh = self.mesh
+        unresolved_peaks(f, self._neighbours, mesh.centroids, divergence, float(mesh.area), self._width,
+                         self._mass, self._centre, self._floor, self._patch)
+        cand = np.flatnonzero((self._width <= self.width) & (self._mass >= self.min_mass))
+        return cand[np.argsort(-self._mass[cand], kind="stable")]
+
+    def create(self, t, f, divergence) -> int:
+        """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
+        their patch), in place on f. Returns the number of atoms created."""
+        cand = self.find_peaks(f, divergence)
+        if cand.size == 0:
+            return 0
+        area = self.mesh.area
+        taken = np.zeros(self.mesh.npix, dtype=bool)
+        atom_cells = self.cells()
+        alive_slots = np.flatnonzero(self.alive)
+        made = 0
+        for c in cand:
+            patch = self._patch[c][self._patch[c] >= 0]
+            if taken[patch].any():
+                continue  # overlaps a patch of this round: its mass moved already
+            owner = None
+            if atom_cells.size:
+                inside = np.isin(atom_cells, patch)
+                if inside.any():
+                    slots = alive_slots[inside]
+                    d = np.linalg.norm(self.positions[slots] - self._centre[c], axis=1)
+                    owner = int(slots[np.argmin(d)])
+            if owner is None:
+                owner = self._new_slot()
+                if owner is None:
+                    self.refused_count += 1
+                    continue
+                self.positions[owner] = np.nan
+                self.masses[owner] = 0.0
+                self.created[owner] = t
+                self.created_count += 1
+                made += 1
+            old = f[patch]
+            new = np.minimum(old, self._floor[c])
+            mass = float(np.sum(old - new) * area)  # what the mesh loses, exactly
+            f[patch] = new
+            taken[patch] = True
+            if self.masses[owner] > 0:
+                self.masses[owner] += mass  # at the atom (see the module docstring)
+            else:
+                self.positions[owner] = self._centre[c]
+                self.masses[owner] = mass
+        return made
+
+    def feeding_cells(self, x):
+        """The cells an atom at x feeds from: those among its cell and that cell's neighbours
+        whose centroid is nearest to x (several when tied to round-off, as at a symmetric point)."""
+        c = int(self.cells(x[None, :])[0])
+        near = np.unique(np.r_[c, self.mesh.neighbours[c]])
+        d = np.linalg.norm(self.mesh.centroids[near] - x, axis=1)
+        return near[d <= d.min() * (1 + 1e-9) + 1e-15]
+
+    def feed(self, f_old, f_new, divergence) -> float:
+        """Feeding (module docstring), in place on f_new; returns the mass moved to atoms."""
+        if self.count == 0:
+            return 0.0
+        area = self.mesh.area
+        moved = 0.0
+        for k in np.flatnonzero(self.alive):
+            cells = self.feeding_cells(self.positions[k])
+            gain = f_new[cells] - f_old[cells]
+            fed = cells[(gain > 0) & (divergence[cells] < 0)]
+            if fed.size:
+                mass = float(np.sum(f_new[fed] - f_old[fed]) * area)
+                f_new[fed] = f_old[fed]
+                self.masses[k] += mass
+                moved += mass
+        return moved
+
+    def merge(self) -> int:
+        """Merge atoms closer than the merge distance, closest pair first; returns the merges."""
+        merges = 0
+        while True:
+            slots = np.flatnonzero(self.alive)
+            if slots.size < 2:
+                return merges
+            x = self.positions[slots]
+            d = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=2)  # n ≤ capacity: small
+            np.fill_diagonal(d, np.inf)
+            i, j = np.unravel_index(np.argmin(d), d.shape)
+            if d[i, j] >= self.merge_distance:
+                return merges
+            a, b = slots[i], slots[j]
+            keep, gone = (a, b) if (self.created[a], a) <= (self.created[b], b) else (b, a)
+            self._absorb(keep, self.masses[gone], self.positions[gone])
+            self.masses[gone] = 0.0
+            self.positions[gone] = np.nan
+            self.merged_count += 1
+            merges += 1

@@ -1,0 +1,271 @@
+"""Atoms (spherepde.atoms): creation, feeding and merging conserve mass and the centre of mass;
+the peak finder equals its NumPy reference; atoms move in the field of the whole measure with
+the mesh's Runge–Kutta stages (a lone atom at an eigenvector stays, two atoms follow the
+closed-form two-atom softmax ODE at the stepper's order); runs with atoms conserve mass."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import numpy_reference as ref
+from spherepde import AttentionModel, EulerianSolver
+from spherepde.atoms import PATCH_SIZE, Atoms, unresolved_peaks
+from spherepde.eulerian import SolverState
+
+PAPER_V = np.diag([-1.0, 1.0, -2.0])
+PAPER_B = np.diag([-1.0, -1.0, 1.0])
+
+
+def gaussian_peak(mesh, centre, sd, background=0.1, mass=0.5):
+    """Cell values of background + a normalised Gaussian bump of chordal s.d. sd per axis."""
+    centre = np.asarray(centre, dtype=float) / np.linalg.norm(centre)
+    d2 = np.sum((mesh.centroids - centre) ** 2, axis=1)
+    bump = np.exp(-d2 / (2 * sd**2))
+    return background + mass * bump / (bump.sum() * mesh.area)
+
+
+def test_peak_finder_equals_numpy_reference(mesh_factory):
+    mesh = mesh_factory(8)
+    rng = np.random.default_rng(3)
+    f = rng.random(mesh.npix) ** 4
+    f[[5, 6]] = 2.0  # a tie between neighbours: one group, the lower index represents it
+    f[100:110] = 0.0
+    div = rng.normal(size=mesh.npix)
+    div[5] = div[6] = -1.0
+    out = (np.empty(mesh.npix), np.empty(mesh.npix), np.zeros((mesh.npix, 3)), np.empty(mesh.npix),
+           np.empty((mesh.npix, PATCH_SIZE), dtype=np.int64))
+    nbr = np.ascontiguousarray(mesh.neighbours, dtype=np.int64)
+    unresolved_peaks(f, nbr, mesh.centroids, div, mesh.area, *out)
+    width, mass, centre, floor, patches = ref.unresolved_peaks(f, nbr, mesh.centroids, div, mesh.area)
+    np.testing.assert_array_equal(np.isfinite(out[0]), np.isfinite(width))
+    assert np.isfinite(width).sum() > 20  # the comparison covers many candidates
+    cand = np.isfinite(width)
+    np.testing.assert_allclose(out[0][cand], width[cand], rtol=1e-12)
+    np.testing.assert_allclose(out[1], mass, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(out[2][cand], centre[cand], rtol=0, atol=1e-14)
+    np.testing.assert_array_equal(out[3][cand], floor[cand])
+    for c in np.flatnonzero(cand):
+        assert set(out[4][c][out[4][c] >= 0].tolist()) == patches[c]
+    assert cand[5] and not cand[6] and {5, 6} <= patches[5]
+
+
+@pytest.mark.parametrize("sd_cells, expected", [(0.5, 0.66), (1.0, 1.36)])
+def test_width_of_a_gaussian_peak(mesh_factory, sd_cells, expected):
+    """σ of the excess over its floor, for a Gaussian of s.d. sd_cells·h per axis: the values the
+    module docstring quotes for the default threshold (≈ √2·sd for a narrow peak)."""
+    mesh = mesh_factory(32)
+    h = math.sqrt(mesh.area)
+    centre = mesh.centroids[4000]
+    f = gaussian_peak(mesh, centre, sd_cells * h)
+    atoms = Atoms(mesh)
+    atoms.find_peaks(f, -np.ones(mesh.npix))
+    assert atoms._width[4000] == pytest.approx(expected, abs=0.12)
+
+
+def test_creation_conserves_mass_and_centre_and_keeps_the_floor(mesh_factory):
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    f = gaussian_peak(mesh, [0.3, 0.9, 0.2], 0.4 * h)
+    before = f.copy()
+    atoms = Atoms(mesh, width=1.3, min_mass=1e-3)
+    made = atoms.create(1.5, f, -np.ones(mesh.npix))
+    assert made == 1 and atoms.count == 1
+    x, m = atoms.points()
+    assert abs(mesh.integrate(f) + m.sum() - mesh.integrate(before)) < 1e-15
+    taken = (before - f) * mesh.area
+    first_moment = taken @ mesh.centroids
+    np.testing.assert_allclose(x[0], first_moment / np.linalg.norm(first_moment), atol=1e-15)
+    assert m[0] == pytest.approx(taken.sum(), rel=1e-14)
+    assert 0.45 < m[0] < 0.5  # the bump's mass, less what its tails leave outside the patch
+    assert f.min() >= before.min()  # min f is not lowered
+    assert atoms.created[0] == 1.5
+
+
+def test_no_atom_from_a_resolved_or_expanding_or_light_peak(mesh_factory):
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    wide = gaussian_peak(mesh, [0.3, 0.9, 0.2], 3 * h)
+    narrow = gaussian_peak(mesh, [0.3, 0.9, 0.2], 0.4 * h)
+    light = gaussian_peak(mesh, [0.3, 0.9, 0.2], 0.4 * h, mass=1e-5)
+    assert Atoms(mesh).create(0.0, wide.copy(), -np.ones(mesh.npix)) == 0
+    assert Atoms(mesh).create(0.0, narrow.copy(), np.ones(mesh.npix)) == 0  # div v > 0
+    assert Atoms(mesh, min_mass=1e-4).create(0.0, light.copy(), -np.ones(mesh.npix)) == 0
+
+
+def test_a_peak_beside_an_atom_feeds_it(mesh_factory):
+    """A candidate whose patch holds an atom's cell joins that atom (no new atom)."""
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    atoms = Atoms(mesh)
+    c = 1234
+    atoms.restore(np.vstack([mesh.centroids[mesh.neighbours[c, 3]], np.full((63, 3), np.nan)]),
+                  np.r_[0.2, np.zeros(63)], np.r_[0.0, np.full(63, np.nan)])
+    f = gaussian_peak(mesh, mesh.centroids[c], 0.4 * h)
+    total = mesh.integrate(f) + atoms.total_mass
+    x_before, m_before = atoms.points()
+    assert atoms.create(1.0, f, -np.ones(mesh.npix)) == 0
+    assert atoms.count == 1
+    gained = atoms.total_mass - 0.2
+    assert gained > 0.4
+    assert mesh.integrate(f) + atoms.total_mass == pytest.approx(total, abs=1e-15)
+
+
+def test_feeding_conserves_mass_and_keeps_the_atom_where_it_is(mesh_factory):
+    """The growth of the atom's nearest cell joins it at its position; other cells stay."""
+    mesh = mesh_factory(8)
+    atoms = Atoms(mesh)
+    x0 = np.array([0.6, 0.13, 0.8])
+    x0 /= np.linalg.norm(x0)
+    atoms.restore(np.vstack([x0, np.full((63, 3), np.nan)]), np.r_[0.3, np.zeros(63)],
+                  np.r_[0.0, np.full(63, np.nan)])
+    c = int(atoms.feeding_cells(x0)[0])
+    assert atoms.feeding_cells(x0).size == 1
+    f_old = np.full(mesh.npix, 0.05)
+    f_new = f_old.copy()
+    f_new[c] += 0.7
+    other = int(mesh.neighbours[c, 0])
+    f_new[other] += 0.2  # not the atom's cell: stays on the mesh
+    total = mesh.integrate(f_new) + atoms.total_mass
+    div = -np.ones(mesh.npix)
+    moved = atoms.feed(f_old, f_new, div)
+    assert moved == pytest.approx(0.7 * mesh.area, rel=1e-14)
+    assert f_new[c] == f_old[c] and f_new[other] == 0.25
+    assert mesh.integrate(f_new) + atoms.total_mass == pytest.approx(total, abs=1e-16)
+    np.testing.assert_array_equal(atoms.points()[0][0], x0)
+    f_new[c] += 0.1
+    assert atoms.feed(f_old, f_new, np.ones(mesh.npix)) == 0.0  # an expanding cell is not fed
+
+
+def test_an_atom_at_a_vertex_feeds_from_the_tied_cells(mesh_factory):
+    """e₁ is a vertex of four cells (the centre of a base pixel); the two nearest, mirror images
+    under y → −y, both feed it, so the feeding keeps the reflection symmetries of the mesh."""
+    mesh = mesh_factory(8)
+    cells = Atoms(mesh).feeding_cells(np.array([1.0, 0.0, 0.0]))
+    assert cells.size == 2
+    np.testing.assert_allclose(mesh.centroids[cells].sum(axis=0)[1:], 0.0, atol=1e-14)
+
+
+def test_merging_conserves_mass_and_centre(mesh_factory):
+    mesh = mesh_factory(8)
+    h = math.sqrt(mesh.area)
+    atoms = Atoms(mesh, capacity=4, merge=0.5)
+    a = np.array([1.0, 0.0, 0.0])
+    b = np.array([math.cos(0.3 * h), math.sin(0.3 * h), 0.0])  # 0.3 h apart: merge
+    c = np.array([0.0, 0.0, 1.0])
+    atoms.restore(np.vstack([a, b, c, [np.nan] * 3]), np.array([0.2, 0.1, 0.3, 0.0]),
+                  np.array([2.0, 1.0, 0.5, np.nan]))
+    assert atoms.merge() == 1
+    assert atoms.count == 2 and atoms.total_mass == pytest.approx(0.6, abs=1e-15)
+    want = 0.2 * a + 0.1 * b
+    np.testing.assert_allclose(atoms.positions[1], want / np.linalg.norm(want), atol=1e-15)  # the older one
+    assert atoms.masses[0] == 0 and np.isnan(atoms.positions[0]).all()
+    assert atoms.masses[1] == 0.1 + 0.2
+
+
+def with_atoms(solver, positions, masses):
+    """A SolverState at t = 0 whose atoms are at positions with masses."""
+    cap = solver.atoms.capacity
+    pos = np.full((cap, 3), np.nan)
+    mass = np.zeros(cap)
+    created = np.full(cap, np.nan)
+    n = len(masses)
+    pos[:n], mass[:n], created[:n] = positions, masses, 0.0
+    return {"atom_position": pos, "atom_mass": mass, "atom_created": created, "created": n,
+            "merged": 0, "refused": 0}
+
+
+def run_with_atoms(solver, f0, atom_state, times):
+    solver.atoms.restore(atom_state["atom_position"], atom_state["atom_mass"], atom_state["atom_created"])
+    state = SolverState(index=0, density=f0, safety=1.0, steps=0, rejected=0,
+                        sup_div=solver.sup_divergence(f0), integral=0.0, max_sup_div=-math.inf,
+                        atoms=atom_state)
+    out = []
+    for k, t, f, rec in solver.snapshots(f0, times, start=state):
+        out.append((t, f.copy(), solver.atoms.points()[0].copy(), rec))
+    return out
+
+
+@pytest.mark.parametrize("beta", [10.0, math.inf])
+def test_lone_atom_at_an_eigenvector_is_stationary(mesh_factory, beta):
+    """An atom at e₁ (an eigenvector of V) on a uniform background: the field is symmetric under
+    the reflections that fix e₁ (diagonal matrices), so the atom does not move."""
+    mesh = mesh_factory(8)
+    model = AttentionModel(PAPER_B, PAPER_V, beta)
+    solver = EulerianSolver(mesh, model, atoms={"capacity": 4, "min_mass": 0.5})
+    f0 = np.full(mesh.npix, 0.5 / (4 * np.pi))
+    e1 = np.array([1.0, 0.0, 0.0])
+    state = with_atoms(solver, [e1], [0.5])
+    solver.atoms.restore(state["atom_position"], state["atom_mass"], state["atom_created"])
+    v = solver.atom_velocity(0.0, f0, e1[None, :])
+    # the uniform part's mean at e₁ is along ±e₁ up to the mesh's asymmetry (HEALPix is symmetric
+    # under these reflections only up to the centroids' rounding)
+    assert np.abs(v).max() < 1e-12
+    out = run_with_atoms(solver, f0, state, [0.0, 0.5])
+    np.testing.assert_allclose(out[-1][2][0], e1, atol=1e-12)
+
+
+def two_atom_velocity(model, x):
+    """The closed-form two-atom softmax field at both atoms (masses m, positions x (2, 3))."""
+    x, m = x
+    v = np.empty_like(x)
+    for i in range(2):
+        logits = model.beta * (x @ (model.B.T @ x[i])) + np.log(m)
+        w = np.exp(logits - logits.max())
+        mean = (w / w.sum()) @ x
+        u = model.V @ mean
+        v[i] = u - (x[i] @ u) * x[i]
+    return v
+
+
+def test_two_atoms_follow_the_two_atom_softmax_ode(mesh_factory):
+    """With no mesh mass, the solver's atoms solve the two-atom ODE x_i' = P_x(V m_β(x_i)) with
+    m_β the closed-form two-point softmax mean; the error falls at the stepper's order 2."""
+    mesh = mesh_factory(8)
+    model = AttentionModel(PAPER_B, PAPER_V, 3.0)
+    m = np.array([0.6, 0.4])
+    x0 = np.array([[0.8, 0.5, 0.2], [-0.6, 0.3, 0.7]])
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    solver = EulerianSolver(mesh, model, atoms={"capacity": 2})
+    state = with_atoms(solver, x0, m)
+    solver.atoms.restore(state["atom_position"], state["atom_mass"], state["atom_created"])
+    np.testing.assert_allclose(solver.atom_velocity(0.0, np.zeros(mesh.npix), x0),
+                               two_atom_velocity(model, (x0, m)), rtol=1e-12, atol=1e-14)
+
+    def rhs(_, y):
+        x = y.reshape(2, 3)
+        return two_atom_velocity(model, (x, m)).ravel()
+
+    exact = solve_ivp(rhs, (0, 1.0), x0.ravel(), rtol=1e-12, atol=1e-13).y[:, -1].reshape(2, 3)
+    exact /= np.linalg.norm(exact, axis=1, keepdims=True)
+    errors = []
+    for cfl in (0.4, 0.2):
+        solver = EulerianSolver(mesh, model, cfl=cfl, atoms={"capacity": 2})
+        out = run_with_atoms(solver, np.zeros(mesh.npix), with_atoms(solver, x0, m), [0.0, 1.0])
+        errors.append(np.abs(out[-1][2] - exact).max())
+        assert out[-1][3]["atom_mass_total"] == m.sum()
+    assert errors[0] < 1e-3
+    order = math.log2(errors[0] / errors[1])
+    assert 1.7 < order < 2.4, (errors, order)
+
+
+def test_run_with_atoms_conserves_mass_and_creates_them(mesh_factory):
+    """Projected-normal law, β = 10, paper matrices, nside 8 to t = 4: atoms form at the clusters
+    ±e₁, the total mass stays 1 to round-off, min f never drops below its value without atoms'
+    bound (ℓ₀ exp(−∫ sup div v))."""
+    from spherepde.initial import ProjectedNormal
+
+    mesh = mesh_factory(8)
+    model = AttentionModel(PAPER_B, PAPER_V, 10.0)
+    law = ProjectedNormal([0.3, 0.2, 0.1], [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]])
+    f0 = law.cell_averages(mesh)
+    solver = EulerianSolver(mesh, model, atoms={"capacity": 8})
+    records = [rec for _, _, _, rec in solver.snapshots(f0, [0.0, 1.0, 2.0, 3.0, 4.0])]
+    assert records[-1]["atom_count"] >= 2 and records[-1]["atom_mass_total"] > 0.5
+    for rec in records:
+        assert abs(rec["mass"] - 1.0) < 1e-13
+        assert rec["min_density"] >= rec["lower_bound_aposteriori"] * (1 - 1e-12)
+        assert rec["mesh_mass"] + rec["atom_mass_total"] == pytest.approx(rec["mass"], abs=1e-15)
+    x = solver.atoms.points()[0]
+    assert np.all(np.abs(x[:, 0]) > 0.95)  # at ±e₁ (E)
