@@ -356,14 +356,17 @@ class EulerianSolver:
 
         C0: constant of the paper's bound ½ℓ₀e^{−C₀t}; default the largest sup div v seen.
         on_snapshot(index, time, f, record): called as soon as each snapshot exists.
-        Returns an xarray.Dataset with density(time, cells) and per-snapshot diagnostics.
+        Returns an xarray.Dataset with density(time, cells) and per-snapshot diagnostics (with
+        atoms: their records and atom_position(time, atom, xyz), atom_mass, atom_created).
         """
         times = save_times(t_end, save_every)
         bar = progress_bar(t_end) if progress else None
-        records, densities = [], []
+        records, densities, atom_states = [], [], []
         for k, t, f, rec in self.snapshots(f0, times):
             records.append(rec)
             densities.append(f.copy())
+            if self.atoms is not None:
+                atom_states.append(self.atoms.state())
             if on_snapshot is not None:
                 on_snapshot(k, t, f, rec)
             if bar is not None:
@@ -372,17 +375,25 @@ class EulerianSolver:
             bar.close()
         state = self.last_run
         c0 = state["max_sup_div"] if C0 is None else float(C0)
-        return self._dataset(records, densities, state["ell0"], c0, C0 is None, state["rejected"])
+        return self._dataset(records, densities, state["ell0"], c0, C0 is None, state["rejected"], atom_states)
 
-    def _dataset(self, records, densities, ell0, c0, c0_default, rejected):
+    def _dataset(self, records, densities, ell0, c0, c0_default, rejected, atom_states=()):
         mesh = self.mesh
         time = np.array([r["time"] for r in records])
         data = {
             "density": (("time", "cells"), np.array(densities),
                         {"long_name": "density f_t w.r.t. surface measure (cell average)", "units": "sr-1"}),
         }
-        for name, (long_name, units) in SNAPSHOT_META.items():
+        meta = dict(SNAPSHOT_META, **(ATOM_META if self.atoms is not None else {}))
+        for name, (long_name, units) in meta.items():
             data[name] = ("time", np.array([r[name] for r in records]), {"long_name": long_name, "units": units})
+        if atom_states:
+            data["atom_position"] = (("time", "atom", "xyz"), np.array([a["atom_position"] for a in atom_states]),
+                                     {"long_name": "atom positions (NaN: no atom in the slot)", "units": "1"})
+            data["atom_mass"] = (("time", "atom"), np.array([a["atom_mass"] for a in atom_states]),
+                                 {"long_name": "atom masses (0: no atom in the slot)", "units": "1"})
+            data["atom_created"] = (("time", "atom"), np.array([a["atom_created"] for a in atom_states]),
+                                    {"long_name": "creation time of the slot's atom", "units": "1"})
         data["lower_bound_paper"] = ("time", 0.5 * ell0 * np.exp(-c0 * time),
                                      {"long_name": "½ ℓ₀ exp(−C₀ t)", "units": "sr-1"})
         ds = xr.Dataset(data, coords={"time": ("time", time, {"units": "1", "axis": "T"}),
