@@ -289,7 +289,8 @@ class Atoms:
 
     def create(self, t, f, divergence) -> int:
         """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
-        their patch), in place on f. Returns the number of atoms created."""
+        their patch), in place on f. Returns the number of peaks moved to atoms, new or not
+        (self.created_count counts the new ones)."""
         cand = self.find_peaks(f, divergence)
         if cand.size == 0:
             return 0
@@ -318,7 +319,7 @@ class Atoms:
                 self.masses[owner] = 0.0
                 self.created[owner] = t
                 self.created_count += 1
-                made += 1
+            made += 1
             old = f[patch]
             new = np.minimum(old, self._floor[c])
             mass = float(np.sum(old - new) * area)  # what the mesh loses, exactly

@@ -208,8 +208,8 @@ class EulerianSolver:
 
     def _atom_step(self, t, f_old, f_new) -> bool:
         """After an accepted step: the atoms take the stepper's positions, then feeding, creation
-        and merging on f_new (in place). True when atoms were created or merged (the source
-        measure changed by more than a feed)."""
+        and merging on f_new (in place). True when a peak moved to an atom or atoms merged (the
+        source measure changed by more than a feed)."""
         atoms = self.atoms
         if atoms.count:
             atoms.set_points(self.stepper.points)

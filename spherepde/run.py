@@ -2,7 +2,8 @@
 
 `execute(config, path)` builds the mesh, model and initial density, runs the EulerianSolver and,
 as soon as each snapshot exists, computes its diagnostics (spherepde.diagnostics, on the cell
-quadrature measure Σ_c Σ_q f_c A w_q δ_{x_cq}) and appends it to the NetCDF file (spherepde.io).
+quadrature measure Σ_c Σ_q f_c A w_q δ_{x_cq}, plus the atoms Σ_k m_k δ_{x_k} when [eulerian]
+atoms is on) and appends it to the NetCDF file (spherepde.io).
 Quantities that depend on the paper constant C₀ use the user's C₀ or, by default, the largest
 sup div v seen so far; at the end of the run they are rewritten with the final C₀.
 
