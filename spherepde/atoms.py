@@ -55,7 +55,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["Atoms", "unresolved_peaks", "PATCH_SIZE", "ATOM_META"]
+__all__ = ["Atoms", "unresolved_peaks", "PATCH_SIZE", "ATOM_META", "ATOM_ARRAYS"]
 
 PATCH_SIZE = 64  # the two rings around a group of ≤ 4 tied maxima: at most 6 × 6 cells (7 × 7 for 9)
 TIE = 1e-12  # relative: values this close count as equal (a symmetric state is symmetric to round-off)
@@ -68,6 +68,12 @@ ATOM_META = {
     "atoms_created": ("atoms created since t = 0", "1"),
     "atoms_merged": ("atom merges since t = 0", "1"),
     "atoms_refused": ("unresolved peaks left on the mesh since t = 0 because every atom slot was alive", "1"),
+}
+# per-snapshot arrays of the atoms (one slot each): name → (dims without time, long_name, units)
+ATOM_ARRAYS = {
+    "atom_position": (("atom", "xyz"), "atom positions on the unit sphere (NaN: no atom in the slot)", "1"),
+    "atom_mass": (("atom",), "atom masses (0: no atom in the slot)", "1"),
+    "atom_created": (("atom",), "creation time of the slot's atom (NaN: slot never used)", "1"),
 }
 
 
@@ -247,8 +253,7 @@ class Atoms:
         return hp.vec2pix(self.mesh.nside, x[:, 0], x[:, 1], x[:, 2], nest=True).astype(np.int64)
 
     def state(self) -> dict:
-        """The arrays of the run file (and of a resume): atom_position, atom_mass, atom_created,
-        and the counters."""
+        """The arrays of the run file (ATOM_ARRAYS, also what a resume restores) and the counters."""
         return {"atom_position": self.positions.copy(), "atom_mass": self.masses.copy(),
                 "atom_created": self.created.copy(), "created": self.created_count,
                 "merged": self.merged_count, "refused": self.refused_count}

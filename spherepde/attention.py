@@ -56,7 +56,7 @@ from numba import get_num_threads, njit, prange
 from .fastmath import LOG2E, exp2_weight, maxnum
 
 __all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "softmax_blocked", "softmax_direct_reference", "source_arrays",
-           "zero_temperature_field", "AttentionField"]
+           "zero_temperature_field", "AttentionField", "mesh_sources"]
 
 TARGET_BLOCK = 64  # targets per parallel work item
 SOURCE_BLOCK = 8192  # sources per block (256 KiB of source data: stays in L2 for the target block)
@@ -560,6 +560,16 @@ def _near_arrays(near, masses, nsource, ntarget):
     return near.cells, near.delta, log2_factor
 
 
+def mesh_sources(mesh, f, points=None, point_masses=None):
+    """(sources, masses) of the measure f dA + Σ m_k δ_{x_k}: the cell centroids with masses f·A,
+    then the points (atoms) with theirs (near-field tables index the cells, which come first)."""
+    sources, masses = mesh.centroids, f * mesh.area
+    if points is not None and len(points):
+        sources = np.concatenate([sources, points])
+        masses = np.concatenate([masses, point_masses])
+    return sources, masses
+
+
 NEAR_FIELD_MAX_BYTES = 2 * 1024**3  # a larger near-field table is not built (warning instead)
 
 
@@ -608,10 +618,7 @@ class AttentionField:
         """The field of the cell densities f (and of point masses at points (n, 3), the atoms of
         spherepde.atoms: exact point sources, appended after the cells)."""
         self.stats.pop("handed_back", None)
-        sources, masses = self.mesh.centroids, f * self.mesh.area
-        if points is not None and len(points):
-            sources = np.concatenate([sources, points])
-            masses = np.concatenate([masses, point_masses])
+        sources, masses = mesh_sources(self.mesh, f, points, point_masses)
         result = attention_field(self.model, sources, masses, self.targets,
                                  want_div=want_div, out=self._out, method=self.method, tol=self.tol,
                                  stats=self.stats, near=self.near, route=self._route)

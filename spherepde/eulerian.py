@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from .atoms import ATOM_META, Atoms
-from .attention import DEFAULT_TOL, AttentionField, attention_field
+from .atoms import ATOM_ARRAYS, ATOM_META, Atoms
+from .attention import DEFAULT_TOL, AttentionField, attention_field, mesh_sources
 from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
 from .timeline import progress_bar, save_times
@@ -85,8 +85,7 @@ class SolverState:
         with atoms, its arrays atom_position, atom_mass, atom_created."""
         atoms = None
         if arrays is not None and "atom_mass" in arrays:
-            atoms = {name: np.array(arrays[name], dtype=float)
-                     for name in ("atom_position", "atom_mass", "atom_created")}
+            atoms = {name: np.array(arrays[name], dtype=float) for name in ATOM_ARRAYS}
             atoms.update(created=int(record["atoms_created"]), merged=int(record["atoms_merged"]),
                          refused=int(record["atoms_refused"]))
         return cls(index, np.array(density, dtype=float), float(record["step_safety"]),
@@ -167,8 +166,7 @@ class EulerianSolver:
 
             if table_bytes(self.mesh, self.model, points) > 0:
                 near = NearField(self.mesh, self.model, points)
-        sources = np.concatenate([self.mesh.centroids, x])
-        masses = np.concatenate([f * self.mesh.area, m])
+        sources, masses = mesh_sources(self.mesh, f, x, m)
         v, _, _ = attention_field(self.model, sources, masses, points, method=self.summation,
                                   tol=self.tolerance, near=near)
         return v
@@ -388,12 +386,9 @@ class EulerianSolver:
         for name, (long_name, units) in meta.items():
             data[name] = ("time", np.array([r[name] for r in records]), {"long_name": long_name, "units": units})
         if atom_states:
-            data["atom_position"] = (("time", "atom", "xyz"), np.array([a["atom_position"] for a in atom_states]),
-                                     {"long_name": "atom positions (NaN: no atom in the slot)", "units": "1"})
-            data["atom_mass"] = (("time", "atom"), np.array([a["atom_mass"] for a in atom_states]),
-                                 {"long_name": "atom masses (0: no atom in the slot)", "units": "1"})
-            data["atom_created"] = (("time", "atom"), np.array([a["atom_created"] for a in atom_states]),
-                                    {"long_name": "creation time of the slot's atom", "units": "1"})
+            for name, (dims, long_name, units) in ATOM_ARRAYS.items():
+                data[name] = (("time", *dims), np.array([a[name] for a in atom_states]),
+                              {"long_name": long_name, "units": units})
         data["lower_bound_paper"] = ("time", 0.5 * ell0 * np.exp(-c0 * time),
                                      {"long_name": "½ ℓ₀ exp(−C₀ t)", "units": "sr-1"})
         ds = xr.Dataset(data, coords={"time": ("time", time, {"units": "1", "axis": "T"}),

@@ -31,6 +31,7 @@ import numpy as np
 
 from .config import build_initial_law, build_model, difference
 from .diagnostics import DIAGNOSTIC_META, MeasureDiagnostics, lyapunov, lyapunov_cell_averages, w2_binned
+from .atoms import ATOM_ARRAYS
 from .eulerian import ATOM_META, SNAPSHOT_META, EulerianSolver, SolverState
 from .guards import Guards, RunFailure
 from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, read_resume_point, timestamp
@@ -175,11 +176,7 @@ class _Setup:
         if self.solver.atoms is not None:
             self.variables.update(ATOM_META)
             self.dims.update(atom=self.solver.atoms.capacity, xyz=3)
-            self.arrays.update({
-                "atom_position": (("atom", "xyz"), "atom positions on the unit sphere (NaN: no atom in the slot)", "1"),
-                "atom_mass": (("atom",), "atom masses (0: no atom in the slot)", "1"),
-                "atom_created": (("atom",), "creation time of the slot's atom (NaN: slot never used)", "1"),
-            })
+            self.arrays.update(ATOM_ARRAYS)
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"]})
         if self.particles:
@@ -229,7 +226,7 @@ class _Setup:
         if atoms is not None:
             xa, ma = atoms.points()
             state = atoms.state()
-            arrays.update({name: state[name] for name in ("atom_position", "atom_mass", "atom_created")})
+            arrays.update({name: state[name] for name in ATOM_ARRAYS})
         points, weights = self.measure.measure(f, xa, ma)
         lyap = self.measure.lyapunov(f, xa, ma)
         values.update(self.diagnostics(points, weights, lyapunov_value=lyap))
