@@ -2,7 +2,7 @@
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
     spherepde plot RUN.nc [-o DIR]
-    spherepde validate SUITE ... --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper)
+    spherepde validate SUITE ... --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms)
     spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
 Every failure ends with one line on stderr and an exit status:
@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-SUITES = ("transport", "exact", "lagrangian", "paper")
+SUITES = ("transport", "exact", "lagrangian", "paper", "atoms")
 EXIT_USAGE, EXIT_GUARD, EXIT_WRITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 4, 130, 143
 
 
@@ -220,6 +220,10 @@ def _validate(args):
             from validation import paper
 
             paper.run_suite(args.out, quick=args.quick, slow=args.slow, nsides=args.nside)
+        elif suite == "atoms":
+            from validation import atoms
+
+            atoms.run_suite(args.out, quick=args.quick, slow=args.slow, nsides=args.nside)
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 
