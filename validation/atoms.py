@@ -688,7 +688,9 @@ def run_suite(out, quick=False, slow=False, nsides=None, runs=None, workers=2, p
     nsides = tuple(sorted(set(int(n) for n in nsides))) if nsides else ((8,) if quick else
                                                                        (SLOW_NSIDES if slow else NSIDES))
     t0 = time.perf_counter()
-    conv, zero, sym, info = [], [], [], []
+    conv, zero, sym = [], [], []
+    info = [f"- meshes of the convergence sweep: nside {', '.join(map(str, nsides))} (nside 64: β = 10 only); "
+            f"run files under `{runs}` (not part of the report)"]
     for label, path in _sweeps(runs, nsides, quick, t_end):
         start = time.perf_counter()
         if run:
