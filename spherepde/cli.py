@@ -2,7 +2,7 @@
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
     spherepde plot RUN.nc [-o DIR]
-    spherepde validate SUITE ... --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms)
+    spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms)
     spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
 Every failure ends with one line on stderr and an exit status:
@@ -77,8 +77,9 @@ def build_parser():
     plot.add_argument("-o", "--out", help="output directory (default: next to the run file)")
 
     val = sub.add_parser("validate", help="run validation suites and write reports")
-    val.add_argument("suites", nargs="+", choices=SUITES, metavar="SUITE",
-                     help=f"one or more of: {', '.join(SUITES)}")
+    # no choices= here: argparse checks a '*' positional's default list against them as one value
+    val.add_argument("suites", nargs="*", metavar="SUITE",
+                     help=f"any of: {', '.join(SUITES)} (default: all of them, in that order)")
     val.add_argument("--out", required=True, help="output directory for reports and figures")
     val.add_argument("--slow", action="store_true", help="add the finest meshes (nside 128)")
     val.add_argument("--nside", type=_power_of_two, nargs="+", help="override the mesh list")
@@ -198,6 +199,10 @@ def _plot(args):
 
 
 def _validate(args):
+    unknown = [name for name in args.suites if name not in SUITES]
+    if unknown:
+        raise UsageError(f"validate: unknown suite {unknown[0]!r} (choose from {', '.join(SUITES)})")
+    args.suites = args.suites or list(SUITES)
     _check_output_dir(args.out)
     # --quick: CI-sized meshes for the mesh-convergence suites (the paper suite has its own)
     nsides = args.nside or ([8, 16] if args.quick else None)

@@ -78,3 +78,27 @@ def test_validate_lagrangian_small(tmp_path):
     assert rows4[0]["w2"] < 1e-6 and rows8[0]["w2"] < 1e-6
     assert rows8[1]["w2"] < 0.7 * rows4[1]["w2"]
     assert rows8[1]["density_rel_mean"] < rows4[1]["density_rel_mean"]
+
+
+def test_validate_without_suites_means_all_of_them(monkeypatch, tmp_path):
+    """`spherepde validate --out DIR` runs every suite, in the order of SUITES."""
+    import spherepde.cli as cli
+
+    ran = []
+
+    def fake(suite):
+        return lambda out, **kw: ran.append(suite)
+
+    import validation.atoms
+    import validation.exact
+    import validation.lagrangian
+    import validation.paper
+    import validation.transport
+
+    for name in cli.SUITES:
+        monkeypatch.setattr(getattr(validation, name), "run_suite", fake(name))
+    assert cli.main(["validate", "--out", str(tmp_path / "all")]) == 0
+    assert ran == list(cli.SUITES)
+    ran.clear()
+    assert cli.main(["validate", "atoms", "--out", str(tmp_path / "one")]) == 0
+    assert ran == ["atoms"]
