@@ -203,8 +203,9 @@ class Atoms:
     """
 
     def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
-                 merge: float = 0.5):
+                 merge: float = 0.5, feeding: bool = True):
         self.mesh = mesh
+        self.feeding = bool(feeding)  # False: atoms grow by creation and merging only
         self.capacity = int(capacity)
         self.width = float(width)
         self.min_mass = float(min_mass)
@@ -346,8 +347,9 @@ class Atoms:
         return near[d <= d.min() * (1 + 1e-9) + 1e-15]
 
     def feed(self, f_old, f_new, divergence) -> float:
-        """Feeding (module docstring), in place on f_new; returns the mass moved to atoms."""
-        if self.count == 0:
+        """Feeding (module docstring), in place on f_new; returns the mass moved to atoms (0 with
+        feeding off)."""
+        if self.count == 0 or not self.feeding:
             return 0.0
         area = self.mesh.area
         moved = 0.0

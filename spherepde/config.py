@@ -13,7 +13,8 @@ A config has the sections
                    plus point masses for the clusters the mesh cannot resolve, spherepde.atoms)
                    with atom_width (creation threshold on the peak's width, cell sizes, (0, 3]),
                    atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
-                   max_atoms (slots, 1 … 4096)
+                   max_atoms (slots, 1 … 4096), atom_feeding (true: mesh mass flowing into an
+                   atom's cell joins it; false: atoms grow by creation and merging only)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -50,7 +51,8 @@ DEFAULTS = {
     "initial": {"kind": "uniform"},
     "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
-                 "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64},
+                 "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
+                 "atom_feeding": True},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -228,6 +230,8 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
                           f"got {eul['atom_min_mass']:g}")
     eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
+    if not isinstance(eul["atom_feeding"], bool):
+        raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
     cap = eul["max_atoms"]
     if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
         raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")

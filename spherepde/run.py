@@ -98,7 +98,7 @@ def _atom_options(eul):
     if not eul["atoms"]:
         return None
     return {"capacity": eul["max_atoms"], "width": eul["atom_width"], "min_mass": eul["atom_min_mass"],
-            "merge": eul["atom_merge"]}
+            "merge": eul["atom_merge"], "feeding": eul["atom_feeding"]}
 
 
 def _particle_setup(config, model, law, mesh):

@@ -138,6 +138,22 @@ def test_feeding_conserves_mass_and_keeps_the_atom_where_it_is(mesh_factory):
     assert atoms.feed(f_old, f_new, np.ones(mesh.npix)) == 0.0  # an expanding cell is not fed
 
 
+def test_feeding_off_leaves_the_mesh_alone(mesh_factory):
+    """atom_feeding = false: the same inflow stays on the mesh and the atom keeps its mass."""
+    mesh = mesh_factory(8)
+    atoms = Atoms(mesh, feeding=False)
+    x0 = mesh.centroids[100]
+    atoms.restore(np.vstack([x0, np.full((63, 3), np.nan)]), np.r_[0.3, np.zeros(63)],
+                  np.r_[0.0, np.full(63, np.nan)])
+    f_old = np.full(mesh.npix, 0.05)
+    f_new = f_old.copy()
+    f_new[int(atoms.feeding_cells(x0)[0])] += 0.7
+    before = f_new.copy()
+    assert atoms.feed(f_old, f_new, -np.ones(mesh.npix)) == 0.0
+    np.testing.assert_array_equal(f_new, before)
+    assert atoms.total_mass == 0.3
+
+
 def test_an_atom_at_a_vertex_feeds_from_the_tied_cells(mesh_factory):
     """e₁ is a vertex of four cells (the centre of a base pixel); the two nearest, mirror images
     under y → −y, both feed it, so the feeding keeps the reflection symmetries of the mesh."""

@@ -57,6 +57,7 @@ BAD = [
     ("atom min mass", lambda t: t.replace("nside = 4", "nside = 4\natom_min_mass = 1.0"), ["[eulerian] atom_min_mass", "< 1"]),
     ("atom merge", lambda t: t.replace("nside = 4", "nside = 4\natom_merge = -1"), ["[eulerian] atom_merge", ">= 0"]),
     ("max atoms", lambda t: t.replace("nside = 4", "nside = 4\nmax_atoms = 0"), ["[eulerian] max_atoms", "integer"]),
+    ("atom feeding not bool", lambda t: t.replace("nside = 4", 'nside = 4\natom_feeding = "no"'), ["[eulerian] atom_feeding", "true or false"]),
     ("max atoms float", lambda t: t.replace("nside = 4", "nside = 4\nmax_atoms = 2.5"), ["[eulerian] max_atoms", "integer"]),
     ("guard tolerance", lambda t: t + "\n[guards]\nmass_tolerance = -1.0\n", ["[guards] mass_tolerance", "> 0"]),
     ("guard key", lambda t: t + "\n[guards]\nnan_check = false\n", ["[guards] nan_check", "unknown key"]),
