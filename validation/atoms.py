@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .paper import (REPO, collect, derive_sweep, f_phase_onset, max_alignment, run_sweep_files,
-                    u_curve_minimum)
+from .paper import (REPO, _beta_text, cell_quadrature_measure, collect, derive_sweep, f_phase_onset,
+                    run_sweep_files, zero_temperature_push)
 
 __all__ = ["w2_coarsened", "coarsen", "departure_time", "two_atom_rate", "run_suite",
            "CONVERGENCE", "ZERO_TEMPERATURE", "SYMMETRIC"]
@@ -132,7 +132,7 @@ class RunMeasures:
 
         self.ds = ds
         self.nside = int(ds.attrs["nside"])
-        mesh = HealpixMesh(self.nside)
+        self.mesh = mesh = HealpixMesh(self.nside)
         pts, qw = mesh.cell_quadrature(2)
         self._points, self._qw = pts.reshape(-1, 3), qw * mesh.area
         self.times = np.asarray(ds["time"].values, dtype=float)
@@ -163,16 +163,8 @@ class RunMeasures:
 def exact_zero_temperature(model, law, t, nside=128):
     """The exact β = ∞ measure at t (B orthogonal): the cell quadrature of ρ₀ on HEALPix(nside)
     pushed by x ↦ e^{tM}x/|e^{tM}x|."""
-    import scipy.linalg
-
-    from spherepde.mesh import HealpixMesh
-
-    mesh = HealpixMesh(nside)
-    pts, qw = mesh.cell_quadrature(2)
-    x0 = pts.reshape(-1, 3)
-    w0 = (law.cell_averages(mesh)[:, None] * qw[None, :] * mesh.area).ravel()
-    y = x0 @ scipy.linalg.expm(float(t) * model.M).T
-    return y / np.linalg.norm(y, axis=1, keepdims=True), w0
+    x0, w0 = cell_quadrature_measure(law, nside)
+    return zero_temperature_push(model, x0, t), w0
 
 
 # ====================================================================== the symmetric case
@@ -270,10 +262,6 @@ def _f(x, digits=4):
     return "—" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
 
 
-def _g(x, digits=2):
-    return "—" if x is None or not np.isfinite(x) else f"{x:.{digits}e}"
-
-
 def _convergence_rows(values):
     """Cells 'v16 / v32 / v64', 'differences', 'order' of {nside: value}."""
     ns = sorted(values)
@@ -288,10 +276,6 @@ def _by(cases):
     for c in cases:
         out.setdefault((c.law, c.beta), {})[c.nside] = c
     return out
-
-
-def _beta_text(beta):
-    return "∞" if math.isinf(beta) else f"{beta:g}"
 
 
 METRICS = (("F-onset", lambda m: m["onset"]), ("max alignment with E", lambda m: m["max_E"][0]),
@@ -352,13 +336,11 @@ def split_table(cases, times=(0.0, 1.0, 2.0)):
     return lines
 
 
-def background_share(ds, t, model):
+def background_share(rm, t, model):
     """At the heaviest atom z at time t: (share of the softmax weight Σ μ e^{β⟨Bᵀz, y⟩} that comes
     from the mesh, mesh mass, angle from Bᵀz/|Bᵀz| to the nearest particle). The weights are taken
     relative to e^{β|Bᵀz|} (their largest possible exponent), so nothing overflows."""
-    from spherepde.mesh import HealpixMesh
-
-    rm = RunMeasures(ds)
+    ds = rm.ds
     k = rm.index(t)
     m = np.asarray(ds["atom_mass"].values[k])
     alive = m > 0
@@ -368,7 +350,7 @@ def background_share(ds, t, model):
     z = x[int(np.argmax(m[alive]))]
     a = model.B.T @ z
     top = float(np.linalg.norm(a))
-    mesh = HealpixMesh(rm.nside)
+    mesh = rm.mesh
     f = np.asarray(ds["density"].values[k])
     mesh_weight = float(np.sum(f * mesh.area * np.exp(model.beta * (mesh.centroids @ a - top))))
     atom_weight = float(np.sum(m[alive] * np.exp(model.beta * (x @ a - top))))
@@ -386,9 +368,10 @@ def background_table(cases, times=(4.0, 8.0, 10.0, 11.0, 12.0, 13.0)):
     for (law, beta), runs in sorted(_by(cases).items()):
         n = max(runs)
         c = runs[n]
+        rm = RunMeasures(c.ds)
         cells = []
         for t in times:
-            share, mass, angle = background_share(c.ds, t, c.model) if t <= c.t_end else (math.nan,) * 3
+            share, mass, angle = background_share(rm, t, c.model) if t <= c.t_end else (math.nan,) * 3
             cells.append("—" if not np.isfinite(share) else f"{share:.2g} ({mass:.1e}; {angle:.2f})")
         lines.append(f"| {law} | {_beta_text(beta)} | {n} | " + " | ".join(cells) + " |")
     return lines
@@ -437,8 +420,9 @@ def exact_table(cases, ref_nside=128, max_bins=2000):
     if not cases:
         return lines
     c0 = cases[0]
+    measures = {c.nside: RunMeasures(c.ds) for c in cases}
     for t in EXACT_TIMES:
-        if t > min(RunMeasures(c.ds).times[-1] for c in cases) + 1e-9:
+        if t > min(rm.times[-1] for rm in measures.values()) + 1e-9:
             continue
         ref = exact_zero_temperature(c0.model, c0.initial_law, t, ref_nside)
         coarse_ref = exact_zero_temperature(c0.model, c0.initial_law, t, ref_nside // 2)
@@ -446,7 +430,7 @@ def exact_table(cases, ref_nside=128, max_bins=2000):
         for which in ("eulerian", "particles"):
             ws = []
             for n in ns:
-                rm = RunMeasures(next(c for c in cases if c.nside == n).ds)
+                rm = measures[n]
                 ws.append(w2_coarsened(*getattr(rm, which)(t), *ref, max_bins=max_bins))
             cells += [f"{w:.4f} ± {b:.4f}" for w, b in ws] + [_order_text([w for w, _ in ws])]
         r = w2_coarsened(*ref, *coarse_ref, max_bins=max_bins)

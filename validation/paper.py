@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["max_alignment", "f_phase_onset", "u_curve_minimum", "value_at", "principal_axis",
+           "cell_quadrature_measure", "zero_temperature_push",
            "zero_temperature_reference", "derive_sweep", "expand_sweep", "run_sweep_files", "run_suite",
            "PAPER_BETA", "PAPER_ABLATION", "BETA_PHASE", "PAPER_TABLE"]
 
@@ -136,29 +137,38 @@ def principal_axis(points, weights):
     return axis, float(vals[-1])
 
 
+def cell_quadrature_measure(law, nside):
+    """(points, weights) of ρ₀ = law on the exact-area cell quadrature (order 2) of HEALPix(nside)."""
+    from spherepde.mesh import HealpixMesh
+
+    mesh = HealpixMesh(nside)
+    pts, qw = mesh.cell_quadrature(2)
+    return pts.reshape(-1, 3), (law.cell_averages(mesh)[:, None] * qw[None, :] * mesh.area).ravel()
+
+
+def zero_temperature_push(model, x0, t):
+    """The β = ∞ flow map for orthogonal B: x ↦ e^{tM}x/|e^{tM}x| applied to the rows of x0."""
+    import scipy.linalg
+
+    y = x0 @ scipy.linalg.expm(float(t) * model.M).T
+    return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+
 def zero_temperature_reference(model, law, times, nside=32):
     """The β = ∞ solution from ρ₀ = law, exactly: the push-forward by x ↦ e^{tM}x/|e^{tM}x| (valid
     when B is orthogonal, so that the time change ds/dt = |e^{sM}x|/|Bᵀe^{sM}x| is 1; None
     otherwise). Returns {alignment_E, alignment_F, w2_to_projection} over times, computed by the
     same diagnostics as the runs on the exact-area cell quadrature of HEALPix(nside)."""
-    import scipy.linalg
-
     from spherepde.diagnostics import MeasureDiagnostics
-    from spherepde.mesh import HealpixMesh
 
     B = np.asarray(model.B)
     if not np.allclose(B @ B.T, np.eye(3), atol=1e-12):
         return None
-    mesh = HealpixMesh(nside)
-    pts, qw = mesh.cell_quadrature(2)
-    x0 = pts.reshape(-1, 3)
-    w0 = (law.cell_averages(mesh)[:, None] * qw[None, :] * mesh.area).ravel()
+    x0, w0 = cell_quadrature_measure(law, nside)
     diag = MeasureDiagnostics(model, x0, w0)
     out = {k: [] for k in ("alignment_E", "alignment_F", "w2_to_projection")}
     for t in times:
-        y = x0 @ scipy.linalg.expm(float(t) * model.M).T
-        y /= np.linalg.norm(y, axis=1, keepdims=True)
-        values = diag(y, w0, lyapunov_value=0.0)
+        values = diag(zero_temperature_push(model, x0, t), w0, lyapunov_value=0.0)
         for k in out:
             out[k].append(values[k])
     return {k: np.array(v) for k, v in out.items()}
