@@ -21,8 +21,12 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
   wider than the patch (a paraboloid above its floor), so `width` ≈ 1.3 makes the atom when the
   peak stops being resolved, before it becomes a one-cell spike (DESIGN.md §7).
-  A peak whose patch holds an atom's cell joins that atom (the mass the flow gathers next to an
-  atom, in a cell that is not its own), at the atom's position like feeding.
+  Peaks whose patches overlap move together (the union of the patches keeps min(f, lowest
+  floor), one atom at the normalised centre of its excess): the mirror-image peaks of a
+  symmetric state are then treated alike, where taking one first would break the symmetry by
+  the round-off that made it the heavier. A peak (or group) whose patch holds an atom's cell
+  joins that atom (the mass the flow gathers next to an atom, in a cell that is not its own),
+  at the atom's position like feeding.
 - Feeding (Atoms.feed): after each step, the net mesh mass the flow carried into the cells an
   atom feeds from (the cell whose centroid is nearest to it; all of the tied ones at a
   symmetric point), A (f_c^{n+1} − f_c^n) where positive and the cell compressive, joins the
@@ -293,48 +297,74 @@ class Atoms:
         cand = np.flatnonzero((self._width <= self.width) & (self._mass >= self.min_mass))
         return cand[np.argsort(-self._mass[cand], kind="stable")]
 
+    def _peak_groups(self, cand):
+        """The candidates whose patches overlap, grouped (connected components, in the order of
+        their heaviest member): the patches of mirror-image peaks of a symmetric state overlap,
+        and extracting one before the other would break the symmetry by the round-off that
+        decides which is heavier."""
+        owner = {}
+        parent = list(range(cand.size))
+
+        def root(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i, c in enumerate(cand):
+            for cell in self._patch[c][self._patch[c] >= 0]:
+                j = owner.setdefault(int(cell), i)
+                if j != i:
+                    a, b = root(i), root(j)
+                    parent[max(a, b)] = min(a, b)
+        groups = {}
+        for i in range(cand.size):
+            groups.setdefault(root(i), []).append(cand[i])
+        return [np.array(groups[r]) for r in sorted(groups)]
+
     def create(self, t, f, divergence) -> int:
         """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
-        their patch), in place on f. Returns the number of peaks moved to atoms, new or not
+        their patch), in place on f. Peaks with overlapping patches move together: the union of
+        their patches keeps min(f, lowest floor) and the excess becomes one atom at its
+        normalised centre of mass. Returns the number of peak groups moved to atoms, new or not
         (self.created_count counts the new ones)."""
         cand = self.find_peaks(f, divergence)
         if cand.size == 0:
             return 0
         area = self.mesh.area
-        taken = np.zeros(self.mesh.npix, dtype=bool)
         atom_cells = self.cells()
         alive_slots = np.flatnonzero(self.alive)
         made = 0
-        for c in cand:
-            patch = self._patch[c][self._patch[c] >= 0]
-            if taken[patch].any():
-                continue  # overlaps a patch of this round: its mass moved already
+        for group in self._peak_groups(cand):
+            patch = np.unique(np.concatenate([self._patch[c][self._patch[c] >= 0] for c in group]))
+            old = f[patch]
+            new = np.minimum(old, self._floor[group].min())
+            excess = (old - new) * area
+            mass = float(np.sum(excess))  # what the mesh loses, exactly
+            if len(group) == 1:
+                centre = self._centre[group[0]]
+            else:
+                centre = _unit(excess @ self.mesh.centroids[patch])
             owner = None
             if atom_cells.size:
                 inside = np.isin(atom_cells, patch)
                 if inside.any():
                     slots = alive_slots[inside]
-                    d = np.linalg.norm(self.positions[slots] - self._centre[c], axis=1)
+                    d = np.linalg.norm(self.positions[slots] - centre, axis=1)
                     owner = int(slots[np.argmin(d)])
             if owner is None:
                 owner = self._new_slot()
                 if owner is None:
                     self.refused_count += 1
                     continue
-                self.positions[owner] = np.nan
-                self.masses[owner] = 0.0
                 self.created[owner] = t
                 self.created_count += 1
             made += 1
-            old = f[patch]
-            new = np.minimum(old, self._floor[c])
-            mass = float(np.sum(old - new) * area)  # what the mesh loses, exactly
             f[patch] = new
-            taken[patch] = True
             if self.masses[owner] > 0:
                 self.masses[owner] += mass  # at the atom (see the module docstring)
             else:
-                self.positions[owner] = self._centre[c]
+                self.positions[owner] = centre
                 self.masses[owner] = mass
         return made
 

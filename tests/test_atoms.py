@@ -5,6 +5,7 @@ closed-form two-atom softmax ODE at the stepper's order); runs with atoms conser
 
 import math
 
+import healpy as hp
 import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
@@ -81,6 +82,37 @@ def test_creation_conserves_mass_and_centre_and_keeps_the_floor(mesh_factory):
     assert 0.45 < m[0] < 0.5  # the bump's mass, less what its tails leave outside the patch
     assert f.min() >= before.min()  # min f is not lowered
     assert atoms.created[0] == 1.5
+
+
+@pytest.mark.parametrize("heavier", [+1, -1])
+def test_mirror_image_peaks_become_one_atom_on_the_mirror_plane(mesh_factory, heavier):
+    """Two narrow peaks mirror-symmetric under y → −y (a symmetry of the HEALPix mesh), two cells
+    apart so that their patches overlap: whichever is heavier by round-off, they move together,
+    the density stays mirror-symmetric and the atom lies on the plane y = 0. (Extracting one
+    before the other broke a symmetric run by the round-off that ordered them.)"""
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    c = mesh.centroids
+    mirror = hp.vec2pix(mesh.nside, c[:, 0], -c[:, 1], c[:, 2], nest=True)
+    np.testing.assert_allclose(c[mirror], c * [1, -1, 1], atol=1e-15)
+    base = np.array([0.6, 0.0, 0.8])
+    p = np.argmin(np.linalg.norm(c - base - [0, 1.5 * h, 0], axis=1))  # a cell ~1.5 cells off the plane
+    assert c[p, 1] > 1.5 * h
+    f = gaussian_peak(mesh, c[p], 0.3 * h, mass=0.25) + gaussian_peak(mesh, c[mirror[p]], 0.3 * h, mass=0.25)
+    f = 0.5 * (f + f[mirror])
+    f[p if heavier > 0 else mirror[p]] *= 1 + 1e-14  # round-off decides which peak is heavier
+    before = f.copy()
+    atoms = Atoms(mesh, width=1.3, min_mass=1e-3)
+    cand = atoms.find_peaks(f, -np.ones(mesh.npix))
+    patches = [set(atoms._patch[k][atoms._patch[k] >= 0].tolist()) for k in cand]
+    assert len(cand) == 2 and patches[0] & patches[1]  # two peaks, overlapping patches
+    assert atoms.create(1.0, f, -np.ones(mesh.npix)) == 1
+    x, m = atoms.points()
+    assert atoms.count == 1 and abs(x[0, 1]) < 1e-14
+    np.testing.assert_allclose(f, f[mirror], rtol=1e-12, atol=0)
+    assert mesh.integrate(f) + m.sum() == pytest.approx(mesh.integrate(before), abs=1e-15)
+    taken = (before - f) * mesh.area
+    np.testing.assert_allclose(x[0], taken @ c / np.linalg.norm(taken @ c), atol=1e-15)
 
 
 def test_no_atom_from_a_resolved_or_expanding_or_light_peak(mesh_factory):
