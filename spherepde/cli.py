@@ -1,7 +1,7 @@
 """Command line.
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
-    spherepde plot RUN.nc [-o DIR]
+    spherepde plot RUN.nc [-o DIR] [--movie [--frames N] [--fps F]]
     spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms)
     spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
@@ -53,6 +53,7 @@ def _power_of_two(text):
 
 def build_parser():
     from spherepde import __version__
+    from spherepde.plots import DEFAULT_MOVIE_FRAMES
 
     parser = argparse.ArgumentParser(prog="spherepde", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,9 +73,29 @@ def build_parser():
     run.add_argument("-v", "--verbose", action="store_true",
                      help="log a line to stderr as each snapshot is written (for batch logs)")
 
-    plot = sub.add_parser("plot", help="plot a run file: density maps and diagnostics")
+    plot = sub.add_parser(
+        "plot", help="plot a run file: density maps, sphere views, diagnostics (and a movie)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Writes, for RUN.nc, into DIR:\n"
+        "  RUN_density.png      Mollweide maps of up to six snapshots\n"
+        "  RUN_diagnostics.png  alignment, W2 and density-bound time series\n"
+        "  RUN_sphere.png       first and last snapshot: a Mollweide map beside the two orthographic\n"
+        "                       hemispheres centred on +-a, a = the axis of the last snapshot's mass\n"
+        "                       (leading eigenvector of its second moment, towards its mean)\n"
+        "and with --movie:\n"
+        "  RUN_movie.gif        the density over time, one frame per snapshot (at most --frames,\n"
+        "                       evenly spaced, first and last included), the same three panels\n"
+        "  RUN_movie.mp4        the same, when ffmpeg is on the PATH\n"
+        "One colour scale per figure or movie (logarithmic when the density spans more than a\n"
+        "decade); atoms (point masses) drawn as red points whose area grows with their mass.")
     plot.add_argument("run_file", help="NetCDF file written by `spherepde run`")
     plot.add_argument("-o", "--out", help="output directory (default: next to the run file)")
+    plot.add_argument("--movie", action="store_true",
+                      help="also write an animation of the density: GIF, and MP4 where ffmpeg is present")
+    plot.add_argument("--frames", type=int, default=None, metavar="N",
+                      help="most frames of the movie: longer runs are subsampled evenly "
+                      f"(default {DEFAULT_MOVIE_FRAMES})")
+    plot.add_argument("--fps", type=float, default=8.0, metavar="F", help="movie frames per second (default 8)")
 
     val = sub.add_parser("validate", help="run validation suites and write reports")
     # no choices= here: argparse checks a '*' positional's default list against them as one value
@@ -181,6 +202,15 @@ def _run(args):
 def _plot(args):
     from spherepde.plots import plot_run
 
+    from spherepde.plots import DEFAULT_MOVIE_FRAMES
+
+    frames = DEFAULT_MOVIE_FRAMES if args.frames is None else args.frames
+    if frames < 1:
+        raise UsageError(f"--frames: must be >= 1, got {frames}")
+    if not args.fps > 0 or args.fps > 100:
+        raise UsageError(f"--fps: must be in (0, 100], got {args.fps}")
+    if not args.movie and args.frames is not None:
+        raise UsageError("--frames: only with --movie")
     run_file = Path(args.run_file)
     if not run_file.is_file():
         raise UsageError(f"RUN_FILE {run_file}: no such file")
@@ -188,7 +218,7 @@ def _plot(args):
     from spherepde.io import RunFileError
 
     try:
-        paths = plot_run(run_file, out)
+        paths = plot_run(run_file, out, movie=args.movie, max_frames=frames, fps=args.fps)
     except RunFileError as exc:
         raise UsageError(f"RUN_FILE {exc}") from None
     except (OSError, ValueError, KeyError) as exc:
