@@ -384,15 +384,18 @@ class SpherePanels:
             self.markers.append(markers)
 
     def update(self, values, positions=np.zeros((0, 3)), masses=np.zeros(0)):
-        drawn = 0
         for grid, image, markers in zip(self.grids, self.images, self.markers):
             image.set_data(_clip_for(self.norm, grid.image(values)))
-            xy, sizes, slots = atom_markers(positions, masses, grid, self.total_mass)
+            xy, sizes, _ = atom_markers(positions, masses, grid, self.total_mass)
             markers.set_offsets(xy)
             markers.set_sizes(sizes)
-            if grid.kind == "mollweide":
-                drawn = slots.size
-        return drawn
+
+
+def _nside(density):
+    """nside of snapshots (time, npix), whatever the cell dimension is called."""
+    import healpy as hp
+
+    return hp.npix2nside(density.shape[-1])
 
 
 def _lonlat(vector):
@@ -441,7 +444,7 @@ def sphere_figure(ds, times=None, centre=None, log=True):
         idx = [int(np.abs(all_times - t).argmin()) for t in times]
     if centre is None:
         centre = mass_axis(density[-1], *_atoms_at(ds, all_times.size - 1))
-    nside = int(round(math.sqrt(density.shape[1] / 12)))
+    nside = _nside(density)
     norm = density_norm(density[idx], log=log)
     total = _total_mass(ds)
     fig, axes = plt.subplots(len(idx), 3, figsize=(11, 2.9 * len(idx) + 0.9), squeeze=False,
@@ -476,7 +479,7 @@ def density_movie(ds, stem, max_frames=DEFAULT_MOVIE_FRAMES, fps=8, log=True, mp
     density = np.asarray(ds["density"].values, dtype=float)
     frames = movie_frames(all_times.size, max_frames)
     centre = mass_axis(density[-1], *_atoms_at(ds, all_times.size - 1))
-    nside = int(round(math.sqrt(density.shape[1] / 12)))
+    nside = _nside(density)
     norm = density_norm(density[frames], log=log)
     total = _total_mass(ds)
     # 1000 × 340 pixels at dpi 100: even sizes, as H.264 wants
