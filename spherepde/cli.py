@@ -200,9 +200,7 @@ def _run(args):
 
 
 def _plot(args):
-    from spherepde.plots import plot_run
-
-    from spherepde.plots import DEFAULT_MOVIE_FRAMES
+    from spherepde.plots import DEFAULT_MOVIE_FRAMES, plot_run
 
     frames = DEFAULT_MOVIE_FRAMES if args.frames is None else args.frames
     if frames < 1:
