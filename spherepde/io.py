@@ -476,13 +476,18 @@ def _load(path):
 
 def _current_layout(ds):
     """A file written before the cell dimension was renamed, as the current layout: dimension
-    `cells` → `cell`, the index coordinate `cell` added, and the calendar-time axis = "T" of its
-    dimensionless time dropped. Only the loaded dataset changes, never the file."""
+    `cells` → `cell`, the index coordinate `cell` added, integer attributes as 32-bit ints, and
+    the calendar-time axis = "T" of its dimensionless time dropped (so that to_netcdf writes a
+    file in the current layout). Only the loaded dataset changes, never the file."""
     if OLD_CELL_DIM not in ds.dims:
         return ds
     ds = ds.rename_dims({OLD_CELL_DIM: CELL_DIM})
     ids = ds["cell_ids"].values if "cell_ids" in ds.variables else np.arange(ds.sizes[CELL_DIM])
     ds = ds.assign_coords({CELL_DIM: (CELL_DIM, ids.astype(np.int64), dict(CELL_INDEX_ATTRS))})
+    for attrs in [ds.attrs] + [var.attrs for var in ds.variables.values()]:
+        for key, value in attrs.items():
+            if isinstance(value, np.integer) and value.dtype.itemsize > 4:
+                attrs[key] = int_attr(value)
     if ds["time"].attrs.get("units") == "1":
         ds["time"].attrs.pop("axis", None)
     return ds

@@ -213,9 +213,11 @@ def test_old_file_opens_in_the_current_layout(run_file, tmp_path):
     as_old_layout(run_file, old)
     with netCDF4.Dataset(old) as nc:
         assert "cells" in nc.dimensions and "cell" not in nc.variables
+        assert nc.getncattr("nside").dtype == np.int64
     a, b = open_run(old), open_run(run_file)
     assert dict(a.sizes) == dict(b.sizes) and a.density.dims == ("time", "cell")
     assert a.cell.attrs == io.CELL_INDEX_ATTRS and "axis" not in a.time.attrs
+    assert a.attrs["nside"].dtype == np.int32 and a.crs.attrs["refinement_level"].dtype == np.int32
     np.testing.assert_array_equal(a.cell.values, b.cell.values)
     np.testing.assert_array_equal(a.density.values, b.density.values)
     xdggs = pytest.importorskip("xdggs")
