@@ -34,6 +34,7 @@ from .atoms import ATOM_ARRAYS, ATOM_META, Atoms
 from .attention import DEFAULT_TOL, AttentionField, attention_field, mesh_sources
 from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
+from .io import CELL_DIM, CELL_INDEX_ATTRS, TIME_ATTRS, attr_value, crs_attrs, xdggs_attrs
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
 from .transport.stepping import StepSizeCollapse
@@ -354,7 +355,7 @@ class EulerianSolver:
 
         C0: constant of the paper's bound ½ℓ₀e^{−C₀t}; default the largest sup div v seen.
         on_snapshot(index, time, f, record): called as soon as each snapshot exists.
-        Returns an xarray.Dataset with density(time, cells) and per-snapshot diagnostics (with
+        Returns an xarray.Dataset with density(time, cell) and per-snapshot diagnostics (with
         atoms: their records and atom_position(time, atom, xyz), atom_mass, atom_created).
         """
         times = save_times(t_end, save_every)
@@ -376,11 +377,16 @@ class EulerianSolver:
         return self._dataset(records, densities, state["ell0"], c0, C0 is None, state["rejected"], atom_states)
 
     def _dataset(self, records, densities, ell0, c0, c0_default, rejected, atom_states=()):
+        """The snapshots as a Dataset laid out as a run file (DESIGN.md §5, docs/file_format.md):
+        the cell index coordinate, the xdggs cell_ids, the CF grid mapping crs, 32-bit integer
+        attributes; ds.to_netcdf(path) gives a file that xdggs, cf-python and CDO read."""
         mesh = self.mesh
         time = np.array([r["time"] for r in records])
         data = {
-            "density": (("time", "cells"), np.array(densities),
-                        {"long_name": "density f_t w.r.t. surface measure (cell average)", "units": "sr-1"}),
+            "density": (("time", CELL_DIM), np.array(densities),
+                        {"long_name": "density f_t w.r.t. surface measure (cell average)", "units": "sr-1",
+                         "grid_mapping": "crs"}),
+            "crs": ((), np.int32(0), crs_attrs(mesh.level)),
         }
         meta = dict(SNAPSHOT_META, **(ATOM_META if self.atoms is not None else {}))
         for name, (long_name, units) in meta.items():
@@ -391,12 +397,16 @@ class EulerianSolver:
                               {"long_name": long_name, "units": units})
         data["lower_bound_paper"] = ("time", 0.5 * ell0 * np.exp(-c0 * time),
                                      {"long_name": "½ ℓ₀ exp(−C₀ t)", "units": "sr-1"})
-        ds = xr.Dataset(data, coords={"time": ("time", time, {"units": "1", "axis": "T"}),
-                                      "cell_ids": ("cells", mesh.cell_ids.astype(np.uint64))})
-        ds.attrs.update({
+        ds = xr.Dataset(data, coords={
+            "time": ("time", time, dict(TIME_ATTRS)),
+            CELL_DIM: (CELL_DIM, mesh.cell_ids.astype(np.int64), dict(CELL_INDEX_ATTRS)),
+            "cell_ids": (CELL_DIM, mesh.cell_ids.astype(np.uint64), xdggs_attrs(mesh.level)),
+        })
+        ds.attrs.update({k: attr_value(v) for k, v in {
+            "Conventions": "CF-1.13",
             "nside": mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
             "velocity_tolerance": self.velocity_tolerance, "beta": self.model.beta, "ell0": ell0, "C0": c0,
             "C0_source": "largest sup div v seen in the run" if c0_default else "user",
             "rejected_steps": rejected,
-        })
+        }.items()})
         return ds

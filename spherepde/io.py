@@ -1,16 +1,26 @@
-"""NetCDF output of a run, appended one snapshot at a time (DESIGN.md §5).
+"""NetCDF output of a run, appended one snapshot at a time (DESIGN.md §5; the user's page is
+docs/file_format.md).
 
 Layout (NETCDF4 format, so uint64 cell ids survive):
-- dimensions cells (npix) and time (unlimited);
-- cell_ids(cells) uint64 with exactly grid_name="healpix", level, indexing_scheme="nested", so
-  `xdggs.decode(ds)` works without arguments;
-- crs: 0-d variable with the CF-1.13 healpix grid mapping, referenced by grid_mapping="crs";
-- time(time), units "1"; density(time, cells); one (time) variable per diagnostic;
+- dimensions cell (npix) and time (unlimited);
+- cell(cell) int64, the CF-1.13 index coordinate (standard_name = "healpix_index"): how
+  cf-python/cfdm, xdggs' convention="cf" decoder, easygems and CDO find the cells; the same
+  variable CDO 2.6 writes for a HEALPix grid;
+- cell_ids(cell) uint64 with exactly grid_name="healpix", level, indexing_scheme="nested" (and no
+  other attribute), so `xdggs.decode(ds)` works without arguments;
+- crs: 0-d variable with the CF-1.13 healpix grid mapping (and nothing else), referenced by
+  grid_mapping="crs";
+- time(time), dimensionless depth (units "1", no axis or standard_name: CF keeps those for
+  calendar time); density(time, cell); one (time) variable per diagnostic;
 - snapshot_complete(time): 1 once the snapshot is on disk; snapshot_kind(time): 0 a regular
   snapshot, 1 the state at a guard failure (the last snapshot of a failed run);
 - global attributes: Conventions="CF-1.13", config (the resolved config as JSON), spherepde
   version, creation time, complete (1 only for a finished run), failure (the message of a
-  guard failure), history (resumptions), and run metadata.
+  guard failure), history (resumptions), and run metadata. Every integer attribute is a 32-bit
+  int (CDO drops int64 global attributes from what it writes, and its HEALPix detection wants a
+  plain int refinement_level).
+Files written before the cell dimension was renamed (dimension `cells`, no `cell` index) are
+still read: open_run renames the dimension and adds the index coordinate.
 
 Reliability:
 - every snapshot is written and flushed as soon as it exists (`RunWriter.append`), its marker
@@ -61,6 +71,16 @@ __all__ = ["RunWriter", "open_run", "read_resume_point", "ResumePoint", "RunFile
            "SNAPSHOT_REGULAR", "SNAPSHOT_FAILURE"]
 
 SNAPSHOT_REGULAR, SNAPSHOT_FAILURE = 0, 1
+CELL_DIM = "cell"  # what uxarray (from_healpix's face_dim), easygems and CDO's own output use
+OLD_CELL_DIM = "cells"  # files written before the rename
+CELL_INDEX_ATTRS = {"standard_name": "healpix_index", "long_name": "HEALPix cell index (nested)", "units": "1"}
+# The depth t of the network is dimensionless: units "1". No axis = "T" and no standard_name
+# "time": CF keeps both for calendar time with a reference date ("days since ..."), which CF
+# checkers then demand. xarray decodes only units with "since" as dates, so it leaves these
+# values alone, without a warning. CDO takes the unlimited dimension `time` as its time axis
+# whatever the attributes say: it warns "Unsupported TIMEUNIT: 1!" and writes zero time values
+# in its output (the steps stay in order); docs/file_format.md says so.
+TIME_ATTRS = {"long_name": "time t of the dynamics (depth of the network)", "units": "1"}
 # global attributes written at the end of a run (or at a failure, or a resumption); every other
 # attribute is fixed when the file is created
 RUN_END_ATTRS = ("complete", "C0", "steps", "rejected_steps", "wall_seconds", "particle_field_evaluations",
@@ -79,15 +99,40 @@ class WriteError(OSError):
     """Writing the run file failed (disk full, quota, I/O error); the message names the file."""
 
 
-def _attr_value(value):
-    """NetCDF attributes cannot be bool, None or dict."""
-    if isinstance(value, bool):
-        return int(value)
+INT32 = np.iinfo(np.int32)
+
+
+def int_attr(value):
+    """An integer attribute as a 32-bit int: CDO drops int64 global attributes from the files it
+    writes, and its HEALPix detection wants a plain int refinement_level. A value beyond int32
+    (none of ours in practice) stays int64 rather than being changed."""
+    value = int(value)
+    return np.int32(value) if INT32.min <= value <= INT32.max else np.int64(value)
+
+
+def attr_value(value):
+    """NetCDF attributes cannot be bool, None or dict; integers are stored as 32-bit ints."""
+    if isinstance(value, (bool, np.bool_)):
+        return np.int32(value)
+    if isinstance(value, (int, np.integer)):
+        return int_attr(value)
     if value is None:
         return ""
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value)
     return value
+
+
+def xdggs_attrs(level) -> dict:
+    """The attributes of cell_ids: exactly these three (xdggs 0.6 passes every attribute of the
+    variable into its grid info and refuses an unknown one, standard_name included)."""
+    return {"grid_name": "healpix", "level": int_attr(level), "indexing_scheme": "nested"}
+
+
+def crs_attrs(level) -> dict:
+    """The CF-1.13 healpix grid mapping, and nothing else (xdggs' CF decoder passes every
+    attribute of crs on to its grid info)."""
+    return {"grid_mapping_name": "healpix", "refinement_level": int_attr(level), "indexing_scheme": "nested"}
 
 
 def _plain(value):
@@ -196,11 +241,11 @@ class RunWriter:
                     "spherepde_version": __version__,
                     "created": timestamp(),
                     "config": json.dumps(config),
-                    "complete": 0,
+                    "complete": np.int32(0),
                 }
                 if self.rewritten:  # set at the end: in place, the file does not grow then
                     glob["series_digest"] = SERIES_DIGEST_PLACEHOLDER
-                glob.update({k: _attr_value(v) for k, v in (attrs or {}).items()})
+                glob.update({k: attr_value(v) for k, v in (attrs or {}).items()})
                 nc.setncatts(glob)
                 nc.setncatts({"layout_digest": _digest(_layout(nc)), "end_digest": _digest(_run_end(nc))})
                 self._flush()
@@ -218,18 +263,22 @@ class RunWriter:
             return nc.createVariable(name, dtype, ("time", *var_dims), chunksizes=(1, *sizes),
                                      fletcher32=True, **kw)
 
-        nc.createDimension("cells", mesh.npix)
+        nc.createDimension(CELL_DIM, mesh.npix)
         nc.createDimension("time", None)
-        ids = nc.createVariable("cell_ids", "u8", ("cells",), fletcher32=True)
-        ids.setncatts({"grid_name": "healpix", "level": np.int64(mesh.level), "indexing_scheme": "nested"})
+        # the CF-1.13 index: a coordinate variable (named as its dimension, so no `coordinates`
+        # attribute needs to list it), found by its standard_name (cell_ids cannot carry one)
+        index = nc.createVariable(CELL_DIM, "i8", (CELL_DIM,), fletcher32=True)
+        index.setncatts(CELL_INDEX_ATTRS)
+        index[:] = mesh.cell_ids.astype(np.int64)
+        ids = nc.createVariable("cell_ids", "u8", (CELL_DIM,), fletcher32=True)
+        ids.setncatts(xdggs_attrs(mesh.level))
         ids[:] = mesh.cell_ids.astype(np.uint64)
         crs = nc.createVariable("crs", "i4")
-        crs.setncatts({"grid_mapping_name": "healpix", "refinement_level": np.int64(mesh.level),
-                       "indexing_scheme": "nested"})
+        crs.setncatts(crs_attrs(mesh.level))
         crs.assignValue(0)
         time = per_time("time", "f8", fill_value=False)
-        time.setncatts({"units": "1", "axis": "T", "long_name": "time (depth of the network)"})
-        dens = per_time("density", "f8", ("cells",), (mesh.npix,), fill_value=False)
+        time.setncatts(TIME_ATTRS)
+        dens = per_time("density", "f8", (CELL_DIM,), (mesh.npix,), fill_value=False)
         dens.setncatts({"long_name": "density f_t w.r.t. surface measure (cell average)",
                         "units": "sr-1", "grid_mapping": "crs", "coordinates": "cell_ids"})
         for name, (long_name, units) in self.variables.items():
@@ -360,7 +409,7 @@ class RunWriter:
             raise ValueError(f"not an attribute of the end of a run: {sorted(unknown)}")
         nc = self._nc
         with self._writing("global attributes"):
-            nc.setncatts({k: _attr_value(v) for k, v in attrs.items()})
+            nc.setncatts({k: attr_value(v) for k, v in attrs.items()})
             for name in delete:
                 if name in nc.ncattrs():
                     nc.delncattr(name)
@@ -422,6 +471,25 @@ def _load(path):
         ds.attrs.update(complete=0, warning="the attributes of the end of the run do not match their "
                         "checksum (damaged, or written when the run was killed): dropped, --resume recomputes them")
     _check_values(path, ds)
+    return _current_layout(ds)
+
+
+def _current_layout(ds):
+    """A file written before the cell dimension was renamed, as the current layout: dimension
+    `cells` → `cell`, the index coordinate `cell` added, integer attributes as 32-bit ints, and
+    the calendar-time axis = "T" of its dimensionless time dropped (so that to_netcdf writes a
+    file in the current layout). Only the loaded dataset changes, never the file."""
+    if OLD_CELL_DIM not in ds.dims:
+        return ds
+    ds = ds.rename_dims({OLD_CELL_DIM: CELL_DIM})
+    ids = ds["cell_ids"].values if "cell_ids" in ds.variables else np.arange(ds.sizes[CELL_DIM])
+    ds = ds.assign_coords({CELL_DIM: (CELL_DIM, ids.astype(np.int64), dict(CELL_INDEX_ATTRS))})
+    for attrs in [ds.attrs] + [var.attrs for var in ds.variables.values()]:
+        for key, value in attrs.items():
+            if isinstance(value, np.integer) and value.dtype.itemsize > 4:
+                attrs[key] = int_attr(value)
+    if ds["time"].attrs.get("units") == "1":
+        ds["time"].attrs.pop("axis", None)
     return ds
 
 

@@ -625,7 +625,7 @@ def combine(specs, path, sweep_name, sweep_file=None, failures=()) -> Path:
     import xarray as xr
 
     from . import __version__
-    from .io import open_run, timestamp
+    from .io import TIME_ATTRS, open_run, timestamp
 
     parts = []
     for spec in specs:
@@ -646,6 +646,8 @@ def combine(specs, path, sweep_name, sweep_file=None, failures=()) -> Path:
         what = f'label of the table swept as "{key}"' if "." not in key else f'swept value of "{key}"'
         coords[name] = ("run", _coordinate(key, specs), {"long_name": what})
     combined = combined.assign_coords(coords)
+    # the current attributes of the dimensionless time, whichever spherepde version wrote the runs
+    combined["time"].attrs = dict(TIME_ATTRS)
     combined["run"].attrs["long_name"] = "index of the run in the sweep's expansion"
     combined["run_config"] = ("run", np.array([json.dumps(s.config) for s in specs], dtype=object))
     combined["run_config"].attrs["long_name"] = "the run's resolved config (JSON)"

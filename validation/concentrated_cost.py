@@ -43,7 +43,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with xr.open_dataset(args.run) as ds:
         densities = {t: ds.density.sel(time=t, method="nearest").values for t in args.times}
-        source_npix = ds.sizes["cells"]
+        source_npix = ds.density.shape[-1]  # cell (or cells, in older files)
     mesh = HealpixMesh(args.nside)
     children = mesh.npix // source_npix
     model = AttentionModel(PAPER_B, PAPER_V, args.beta)

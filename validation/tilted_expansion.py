@@ -89,7 +89,7 @@ def main(argv=None):
     L_global, _ = harmonic_degree(args.beta * float(np.linalg.norm(model.B, 2)), tail_target(args.tol))
     with xr.open_dataset(args.run) as ds:
         densities = {t: ds.density.sel(time=t, method="nearest").values for t in args.times}
-        nside = hp.npix2nside(ds.sizes["cells"])
+        nside = hp.npix2nside(ds.density.shape[-1])  # cell (or cells, in older files)
     mesh = HealpixMesh(nside)
     rng = np.random.default_rng(1)
     lines = [f"# Tilted regional expansions against the global one (β = {args.beta:g}, densities of "

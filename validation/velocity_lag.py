@@ -39,7 +39,7 @@ def coarsen(f_fine):
 
 
 def run(nside, eps, t_end, save_every):
-    """(densities (time, cells), dataset, wall seconds, exact edge evaluations)."""
+    """(densities (time, cell), dataset, wall seconds, exact edge evaluations)."""
     mesh = HealpixMesh(nside)
     solver = EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, BETA), velocity_tolerance=eps)
     calls = [0]
