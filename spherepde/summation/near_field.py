@@ -17,7 +17,8 @@ d_c d_cᵀ) by the integrals of the kernel over the true cell, times the cell av
 so the corrected sums are Σ_c μ_c K(y_c) + Σ_{near c} f_c Δ_c: the exact integral of the kernel
 against the piecewise-constant density near the peak, the midpoint rule elsewhere. Δ depends on
 the mesh, the model and the target only, not on f, so it is computed once per (mesh, model,
-targets) and each evaluation adds K·10 multiply-adds per target.
+targets) and each evaluation adds K·10 multiply-adds per target. Units: Δ_c is an area on the
+unit sphere (steradians) times the kernel relative to its peak, e^{⟨a, y − â⟩} ≤ 1 (= 1 at y = â).
 
 The cell integrals use the equal-area HEALPix map (dA = A du dv on the pixel square, see
 spherepde.mesh) with adaptive subdivision of the pixel square: a sub-square is dropped when the
