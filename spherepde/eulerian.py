@@ -31,10 +31,10 @@ import numpy as np
 import xarray as xr
 
 from .atoms import ATOM_ARRAYS, ATOM_META, Atoms
-from .attention import DEFAULT_TOL, AttentionField, attention_field, mesh_sources
 from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
 from .io import CELL_DIM, CELL_INDEX_ATTRS, TIME_ATTRS, attr_value, crs_attrs, xdggs_attrs
+from .summation import DEFAULT_TOL, AttentionField, NearField, attention_field, mesh_sources, table_bytes
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
 from .transport.stepping import StepSizeCollapse
@@ -163,8 +163,6 @@ class EulerianSolver:
         x, m = self._point_sources(points)
         near = None
         if self.near_field and not self.model.zero_temperature:
-            from .near_field import NearField, table_bytes
-
             if table_bytes(self.mesh, self.model, points) > 0:
                 near = NearField(self.mesh, self.model, points)
         sources, masses = mesh_sources(self.mesh, f, x, m)

@@ -1,7 +1,7 @@
 """Lagrangian particle solver: weighted points moving in the attention field of the points.
 
 For particles x_i with weights w_i (a measure ρ = Σ w_i δ_{x_i}) the velocity is the attention
-field of ρ itself, v(x_i) = P_x(V m_β(x_i)), computed by spherepde.attention.attention_field
+field of ρ itself, v(x_i) = P_x(V m_β(x_i)), computed by spherepde.summation.attention_field
 (the same summation as the Eulerian solver, sources = targets = the particles). Two uses:
 
 - tokens: n points sampled i.i.d. from ρ₀ with weights 1/n, as in the paper's experiments. At
@@ -25,8 +25,8 @@ import numpy as np
 import xarray as xr
 from numba import njit, prange
 
-from .attention import attention_field, project_velocity, zero_temperature_field
 from .guards import Guards, check_model
+from .summation import attention_field, project_velocity, zero_temperature_field
 from .timeline import save_times
 
 __all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-from spherepde.attention import attention_field
 from spherepde.model import AttentionModel
+from spherepde.summation import attention_field
 
 
 def random_points(n, seed):

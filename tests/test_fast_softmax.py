@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from numba import njit
 
-from spherepde.attention import (_SUMS, SOURCE_BLOCK, _block_moments1, attention_field,
-                                 softmax_direct_reference, source_arrays)
-from spherepde.fastmath import exp2_fast, exp2_weight, exp_fast
 from spherepde.model import AttentionModel
+from spherepde.summation import attention_field
+from spherepde.summation.direct import SOURCE_BLOCK, softmax_direct_reference
+from spherepde.summation.fastmath import exp2_fast, exp2_weight, exp_fast
+from spherepde.summation.kernels import _SUMS, _block_moments1, source_arrays
 
 SMALLEST_NORMAL = np.finfo(float).tiny
 

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from scipy.special import eval_legendre, spherical_in
 
-from spherepde.attention import attention_field
-from spherepde.harmonic_sum import (PAD, _legendre_tables, harmonic_degree, harmonic_row, row_length, scaled_bessel,
-                                    work_arrays)
 from spherepde.initial import VonMisesFisher
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
+from spherepde.summation import attention_field
+from spherepde.summation.harmonic import (PAD, _legendre_tables, harmonic_degree, harmonic_row, row_length,
+                                          scaled_bessel, work_arrays)
 
 
 @pytest.mark.parametrize("kappa", [1e-10, 0.3, 7.0, 60.0, 250.0])
@@ -121,10 +121,10 @@ def harmonic_and_direct(model, mesh, f):
 def test_hard_targets_are_resummed(nside, beta, how, monkeypatch):
     """All mass near one point: for targets whose kernel points away from it, Z is ~e^{−2κ} of
     the expansion's terms; those must be detected and re-summed, by the tree where it pays
-    (enough sources, β large enough: attention.tree_cap_fraction < 0.6), else directly (here with
+    (enough sources, β large enough: summation.field.tree_cap_fraction < 0.6), else directly (here with
     the tilted regional expansions switched off, so that every target handed back takes that
     route). m_β and div v then agree with the direct sum to the tolerance."""
-    import spherepde.harmonic_sum as harmonic_sum
+    import spherepde.summation.harmonic as harmonic_sum
 
     monkeypatch.setattr(harmonic_sum, "TILT_MAX_NSIDE", 0)
     mesh, model, f = hard_case(nside, beta)
@@ -168,7 +168,7 @@ def test_second_region_level_serves_what_the_first_hands_on(monkeypatch):
     """Two peaks over a 1e-11 floor: the nside-4 regions (|w| ≤ 7.6) leave a few hundred targets
     over budget, which the nside-8 regions (|w| ≤ 3.8, terms spanning e^{3.8} less) all serve, to
     the tolerance of the direct sum; with one level those go to the fallback instead."""
-    import spherepde.harmonic_sum as harmonic_sum
+    import spherepde.summation.harmonic as harmonic_sum
     from spherepde.initial import Mixture
 
     mesh = HealpixMesh(16)
@@ -189,8 +189,8 @@ def test_region_level_and_source_rows():
     large β; _source_rows: harmonic_row of each source."""
     import healpy as hp
 
-    from spherepde.harmonic_sum import (TILT_MAX_W, _legendre_tables, _source_rows, harmonic_row,
-                                        row_length, tilt_region_nside)
+    from spherepde.summation.harmonic import (TILT_MAX_W, _legendre_tables, _source_rows, harmonic_row,
+                                              row_length, tilt_region_nside)
 
     for beta_sigma in (1.0, 10.0, 30.0, 60.0):
         nside = tilt_region_nside(beta_sigma)
@@ -239,7 +239,7 @@ def test_region_cache_reuses_only_what_it_may():
     answer equals a fresh region_coefficients (to round-off: BLAS may sum a row of a
     (regions × sources) product in another order when the number of regions differs; seen with
     OpenBLAS 0.3.31, 1 ulp)."""
-    from spherepde.harmonic_sum import _RegionCache, region_coefficients
+    from spherepde.summation.harmonic import _RegionCache, region_coefficients
 
     rng = np.random.default_rng(4)
     y = rng.normal(size=(300, 3))
@@ -278,7 +278,7 @@ def test_moment_maps_give_the_moment_coefficients(L):
     """moment_maps: the coefficients Σ_j μ_j g_q(y_j) Y_k(y_j) of the ten moments g_q = 1, y, y yᵀ
     from the degree-(L + 2) coefficients of the masses alone, against the sums themselves (exact
     up to rounding: g_q Y_k has degree ≤ L + 2); fails if the quadrature is one node short."""
-    from spherepde.harmonic_sum import _legendre_tables, _moment_factors, _source_rows, moment_maps, row_length
+    from spherepde.summation.harmonic import _legendre_tables, _moment_factors, _source_rows, moment_maps, row_length
 
     rng = np.random.default_rng(L)
     y = rng.normal(size=(400, 3))
@@ -298,7 +298,7 @@ def test_moment_maps_give_the_moment_coefficients(L):
 
 
 def test_cost_model_picks_harmonic_for_many_points_at_moderate_beta():
-    from spherepde.attention import choose_method
+    from spherepde.summation import choose_method
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(50_000, 3))
@@ -331,7 +331,7 @@ def test_many_sources_mixed_density_stays_within_tol():
 def test_contraction_kernels_match_numpy():
     """_contract4 (four points × four moments) and _accumulate4 (four sources into the
     coefficients) against plain numpy matrix products, for the 4- and 12-row coefficient layouts."""
-    from spherepde.harmonic_sum import _accumulate4, _contract4
+    from spherepde.summation.harmonic import _accumulate4, _contract4
 
     rng = np.random.default_rng(7)
     nk = row_length(9)
@@ -353,7 +353,7 @@ def test_evaluation_does_not_depend_on_its_work_chunks():
     """_evaluate splits the targets into chunks of blocks by the thread count; every target is
     computed alone within its block, so any chunking gives bit-identical results, for target
     counts that do not fill a block and for none at all."""
-    from spherepde.harmonic_sum import _evaluate, _legendre_tables
+    from spherepde.summation.harmonic import _evaluate, _legendre_tables
 
     rng = np.random.default_rng(11)
     L = 12

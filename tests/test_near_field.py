@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from spherepde.attention import attention_field
 from spherepde.initial import VonMisesFisher
 from spherepde.mesh import _JPLL, _JRLL, HealpixMesh, _pixel_rule
 from spherepde.model import AttentionModel
-from spherepde.near_field import GAUSS_ORDER, NearField, cell_kernel_integral, near_rings, tensor_rule
+from spherepde.summation import attention_field
+from spherepde.summation.near_field import GAUSS_ORDER, NearField, cell_kernel_integral, near_rings, tensor_rule
 
 RULE = _pixel_rule(GAUSS_ORDER) + tensor_rule(GAUSS_ORDER)
 JRLL, JPLL = _JRLL.astype(float), _JPLL.astype(float)

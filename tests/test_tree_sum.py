@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from spherepde.attention import attention_field, choose_method
 from spherepde.initial import Mixture, VonMisesFisher
 from spherepde.model import AttentionModel
-from spherepde.tree_sum import SourceTree, _cone_bound
+from spherepde.summation import attention_field, choose_method
+from spherepde.summation.tree import SourceTree, _cone_bound
 
 
 def random_points(n, seed):

@@ -58,7 +58,7 @@ def test_initial_fields_ranges():
 def test_direct_sum_benchmark_times_the_direct_sum(monkeypatch, capsys):
     """validation.benchmark_attention reports the direct kernel's ns per pair: at nside 32, β = 30
     the default method would pick the harmonic expansion, which must not be what is timed."""
-    import spherepde.harmonic_sum as harmonic_sum
+    import spherepde.summation.harmonic as harmonic_sum
     import validation.benchmark_attention as bench
 
     def refuse(*args, **kwargs):

@@ -186,7 +186,7 @@ def two_atom_rate(model, h=1e-6):
     e₃-component of the Jacobian of the pair's velocity, by central differences of the library's
     attention field with the two atoms as sources (closed form: tanh(β)(V₁₁ − V₃₃), DESIGN.md §1
     field of two antipodal atoms)."""
-    from spherepde.attention import attention_field
+    from spherepde.summation import attention_field
 
     def v3(delta):
         z = np.array([1.0, 0.0, delta])

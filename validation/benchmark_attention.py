@@ -9,7 +9,7 @@ fixed non-symmetric B = I + 0.3 G₁, V = I + 0.3 G₂ (G Gaussian, seed 0). Eve
 best of --repeats runs in the same process (other processes may share the machine), with numba's
 default thread count. Columns, in ns per pair (time / (targets × sources)):
 
-- fast: spherepde.attention.attention_field with method="direct" → softmax_blocked (all targets;
+- fast: spherepde.summation.attention_field with method="direct" → softmax_blocked (all targets;
   the default "auto" would pick the harmonic expansion here);
 - reference: softmax_direct_reference, the scalar libm-exp kernel it replaces (a subset of the
   targets at nside ≥ 64, scaled per pair);
@@ -19,8 +19,8 @@ default thread count. Columns, in ns per pair (time / (targets × sources)):
 - max|dm|/max|m|: fast against reference on m_β. Then an accuracy block: m_β and div_S v of
   fast, reference and numpy against an extended-precision (np.longdouble) evaluation.
 
-FLOP bound. Floating-point operations per pair of the inner loop (spherepde.attention
-._block_moments1/2 with spherepde.fastmath.exp2_weight), an FMA counted as 2:
+FLOP bound. Floating-point operations per pair of the inner loop (spherepde.summation
+.kernels._block_moments1/2 with spherepde.summation.fastmath.exp2_weight), an FMA counted as 2:
     centring d = y − â: 3; exponent c + λ + ⟨a, d⟩: 1 + 3 FMA = 7;
     exp2: rounding t = u + S, k = t − S, f = u − k: 3, degree-11 Horner: 11 FMA = 22, × 2^k: 1;
     moments, velocity: Σw 1 + Σw d 3 FMA = 7                          → 43 flop / pair;
@@ -46,7 +46,8 @@ from numba import njit, prange
 from scipy.special import logsumexp
 
 from spherepde import AttentionModel, HealpixMesh
-from spherepde import attention
+from spherepde import summation
+from spherepde.summation import kernels
 
 FLOPS_PER_PAIR = {False: 43, True: 55}
 FMA_PORT_OPS_PER_PAIR = {False: 18, True: 24}
@@ -96,7 +97,7 @@ def vectorisation_report():
     """Packed FMAs in the inner loops, compiled afresh (cached code cannot be inspected)."""
     lines = []
     for name in ("_block_moments1", "_block_moments2"):
-        kernel = njit(fastmath=attention._SUMS)(getattr(attention, name).py_func)
+        kernel = njit(fastmath=kernels._SUMS)(getattr(kernels, name).py_func)
         y = np.zeros(64)
         kernel(1.0, 2.0, 3.0, 0.0, 0.0, 1.0, -1.0, y, y, y, y)
         asm = kernel.inspect_asm(kernel.signatures[0])
@@ -125,7 +126,7 @@ def problem(nside, beta):
 def reference_kernel(model, sources, masses, targets, want_div):
     n = len(targets)
     out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
-    attention.softmax_direct_reference(targets, np.ascontiguousarray(model.B.T), model.beta,
+    summation.softmax_direct_reference(targets, np.ascontiguousarray(model.B.T), model.beta,
                                        sources, np.log(masses), model.V, want_div, *out)
     return out
 
@@ -201,13 +202,13 @@ def run(nsides=(32, 64), betas=(30.0,), repeats=3, ref_targets=49152, numpy_targ
             sub_ref = targets[::max(1, nt // ref_targets)][:ref_targets]  # spread over the sphere
             sub_np = targets[::max(1, nt // numpy_targets)][:numpy_targets]
             for want_div in (False, True):
-                fast = ns_per_pair(lambda: attention.attention_field(
+                fast = ns_per_pair(lambda: summation.attention_field(
                     model, sources, masses, targets, want_div=want_div, method="direct"), nt, ns, repeats)
                 ref = ns_per_pair(lambda: reference_kernel(model, sources, masses, sub_ref,
                                                            want_div), len(sub_ref), ns, repeats)
                 nump = ns_per_pair(lambda: numpy_softmax(model, sources, masses, sub_np,
                                                          want_div), len(sub_np), ns, repeats)
-                m_fast = attention.attention_field(model, sources, masses, sub_ref, method="direct")[2]
+                m_fast = summation.attention_field(model, sources, masses, sub_ref, method="direct")[2]
                 m_ref = reference_kernel(model, sources, masses, sub_ref, False)[2]
                 dm = np.abs(m_fast - m_ref).max() / np.abs(m_ref).max()
                 flop = FLOPS_PER_PAIR[want_div]
@@ -231,7 +232,7 @@ def run(nsides=(32, 64), betas=(30.0,), repeats=3, ref_targets=49152, numpy_targ
             x = targets[:: max(1, len(targets) // accuracy_targets)][:accuracy_targets]
             m_exact, div_exact = extended_precision(model, sources, masses, x)
             for name, (_, div, m) in (
-                    ("fast", attention.attention_field(model, sources, masses, x, want_div=True,
+                    ("fast", summation.attention_field(model, sources, masses, x, want_div=True,
                                                        method="direct")),
                     ("reference", reference_kernel(model, sources, masses, x, True)),
                     ("numpy", numpy_softmax(model, sources, masses, x, True))):

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 
-from spherepde.attention import attention_field
 from spherepde.initial import Mixture, Uniform, VonMisesFisher
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
+from spherepde.summation import attention_field
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from spherepde.attention import AttentionField, attention_field
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
+from spherepde.summation import AttentionField, attention_field
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])

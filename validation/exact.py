@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 from scipy.special import eval_legendre
 
-from spherepde.attention import attention_field
 from spherepde.eulerian import EulerianSolver
 from spherepde.exact import linear_growth_rate, vmf_softmax_mean, zero_temperature_density
 from spherepde.initial import ProjectedNormal, Uniform, VonMisesFisher
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
+from spherepde.summation import attention_field
 
 __all__ = ["PAPER_B", "PAPER_V", "vmf_errors", "zero_temperature_errors", "growth_rates",
            "symmetry_and_conservation", "lower_bound_history", "run_suite"]

@@ -1,5 +1,5 @@
 """Accuracy uniform in β: error of m_β and div v against the vMF closed form, with and without the
-near-field correction (spherepde.near_field), for β from 1 to 1e5 on nside 16 / 32 / 64.
+near-field correction (spherepde.summation.near_field), for β from 1 to 1e5 on nside 16 / 32 / 64.
 
     python -m validation.near_field [--nside 16 32 64] [--out DIR]
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from spherepde.attention import attention_field
 from spherepde.initial import VonMisesFisher
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
-from spherepde.near_field import NearField
+from spherepde.summation import attention_field
+from spherepde.summation.near_field import NearField
 
 BETAS = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
 KAPPA = 4.0

@@ -1,5 +1,5 @@
 """Study for a relative-accuracy far field: regional *tilted* harmonic expansions against the global
-expansion, at the near-empty targets of a concentrated state (where spherepde.harmonic_sum hands
+expansion, at the near-empty targets of a concentrated state (where spherepde.summation.harmonic hands
 its targets back to the tree or the direct sum).
 
     python -m validation.tilted_expansion RUN.nc [--times 4 6] [--region-nside 4 8] [--out DIR]
@@ -15,7 +15,7 @@ and expands only e^{⟨w, y⟩} about ŵ (plane-wave expansion, Bessel i_ℓ(|w|
 tilted masses μ_j e^{⟨a_R, y_j⟩ − max}. The terms now span at most e^{2|w|} of the sum, so the
 rounding is ~e^{2|w|}·10⁻¹⁶·√K relative, whatever the density does; the degree follows |w|, not β.
 This script does both in plain numpy/scipy (real harmonics from scipy.special.sph_harm_y, Bessel
-functions from spherepde.harmonic_sum.scaled_bessel) for random targets in regions whose kernels
+functions from spherepde.summation.harmonic.scaled_bessel) for random targets in regions whose kernels
 sit in the emptiest and in moderately empty parts of the sphere, and reports the largest error of
 m_β against the direct sum.
 """
@@ -32,10 +32,10 @@ import numpy as np
 import xarray as xr
 from scipy.special import sph_harm_y
 
-from spherepde.attention import attention_field
-from spherepde.harmonic_sum import harmonic_degree, scaled_bessel, tail_target
 from spherepde.mesh import HealpixMesh
 from spherepde.model import AttentionModel
+from spherepde.summation import attention_field
+from spherepde.summation.harmonic import harmonic_degree, scaled_bessel, tail_target
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
