@@ -21,10 +21,11 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
   wider than the patch (a paraboloid above its floor), so `width` ≈ 1.3 makes the atom when the
   peak stops being resolved, before it becomes a one-cell spike (DESIGN.md §7).
-  Peaks whose patches overlap move together (the union of the patches keeps min(f, lowest
-  floor), one atom at the normalised centre of its excess): the mirror-image peaks of a
-  symmetric state are then treated alike, where taking one first would break the symmetry by
-  the round-off that made it the heavier. A peak (or group) whose patch holds an atom's cell
+  All peaks of a step are taken from the same f: a cell in several patches gives its excess
+  to the candidate whose centre is nearest (shared among those tied to round-off) and keeps
+  min(f, lowest floor of its owners), so the mirror-image peaks of a symmetric state are
+  treated alike, where taking one first would break the symmetry by the round-off that made it
+  the heavier. A peak whose patch holds an atom's cell
   joins that atom (the mass the flow gathers next to an atom, in a cell that is not its own),
   at the atom's position like feeding.
 - Feeding (Atoms.feed): after each step, the net mesh mass the flow carried into the cells an
@@ -280,13 +281,6 @@ class Atoms:
         self.positions[k] = _unit(m * self.positions[k] + mass * centre)
         self.masses[k] = m + mass
 
-    def _new_slot(self):
-        unused = np.flatnonzero(np.isnan(self.created))
-        if unused.size:
-            return int(unused[0])
-        free = np.flatnonzero(~self.alive)
-        return int(free[0]) if free.size else None
-
     # ------------------------------------------------------------------ rules
     def find_peaks(self, f, divergence):
         """Run unresolved_peaks on f; returns the candidate cells (unresolved, heavy enough),
@@ -297,76 +291,109 @@ class Atoms:
         cand = np.flatnonzero((self._width <= self.width) & (self._mass >= self.min_mass))
         return cand[np.argsort(-self._mass[cand], kind="stable")]
 
-    def _peak_groups(self, cand):
-        """The candidates whose patches overlap, grouped (connected components, in the order of
-        their heaviest member): the patches of mirror-image peaks of a symmetric state overlap,
-        and extracting one before the other would break the symmetry by the round-off that
-        decides which is heavier."""
-        owner = {}
-        parent = list(range(cand.size))
+    def _anchors(self, f, cand):
+        """Where each candidate peak sits: the normalised mean of the centroids of its maximal
+        cells (the representative and the neighbours tied with it, as in unresolved_peaks), the
+        same for mirror-image peaks whatever their cell indices."""
+        nbr = self._neighbours[cand]
+        tied = f[nbr] >= f[cand][:, None] * (1.0 - TIE)
+        centroids = self.mesh.centroids
+        anchors = centroids[cand] + np.einsum("ck,ckd->cd", tied, centroids[nbr])
+        # a missing neighbour is the cell itself: counted twice, harmless for a mean direction
+        return anchors / np.linalg.norm(anchors, axis=1, keepdims=True)
 
-        def root(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
+    def _ownership(self, f, cand):
+        """Which candidates take each patch cell: a cell in one patch belongs to that candidate;
+        a cell in several patches to the candidate whose maximal cells are nearest (_anchors), shared equally
+        among those tied to round-off. Patches of neighbouring peaks overlap (on a coarse mesh
+        even those of antipodal peaks), and mirror-image peaks of a symmetric state are tied in
+        mass: extracting one before the other would break the symmetry by the round-off that made
+        it the heavier. Returns (cells, owners, shares, exclusive): per cell its candidate indices
+        (into cand) and their shares of the cell's excess; exclusive[i]: candidate i owns its
+        whole patch alone."""
+        patches = [self._patch[c][self._patch[c] >= 0] for c in cand]
+        anchors = self._anchors(f, cand)
+        holders = {}
+        for i, patch in enumerate(patches):
+            for cell in patch.tolist():
+                holders.setdefault(cell, []).append(i)
+        exclusive = np.ones(len(cand), dtype=bool)
+        cells, owners, shares = [], [], []
+        centroids = self.mesh.centroids
+        for cell, held in holders.items():
+            if len(held) > 1:
+                exclusive[held] = False
+                d = np.linalg.norm(anchors[held] - centroids[cell], axis=1)
+                held = [i for i, di in zip(held, d) if di <= d.min() * (1 + 1e-9) + 1e-15]
+            cells.append(cell)
+            owners.append(held)
+            shares.append(1.0 / len(held))
+        return np.array(cells, dtype=np.int64), owners, np.array(shares), exclusive
 
-        for i, c in enumerate(cand):
-            for cell in self._patch[c][self._patch[c] >= 0]:
-                j = owner.setdefault(int(cell), i)
-                if j != i:
-                    a, b = root(i), root(j)
-                    parent[max(a, b)] = min(a, b)
-        groups = {}
-        for i in range(cand.size):
-            groups.setdefault(root(i), []).append(cand[i])
-        return [np.array(groups[r]) for r in sorted(groups)]
+    def _split(self, f, cand):
+        """The extraction of the candidates cand from f, all at once: (cells, new values, mass
+        (per candidate), first moment (per candidate, 3), exclusive) (_ownership)."""
+        cells, owners, shares, exclusive = self._ownership(f, cand)
+        old = f[cells]
+        floors = self._floor[cand]
+        new = np.minimum(old, [floors[o].min() for o in owners])
+        excess = (old - new) * self.mesh.area
+        mass = np.zeros(cand.size)
+        moment = np.zeros((cand.size, 3))
+        for j, held in enumerate(owners):
+            for i in held:
+                mass[i] += shares[j] * excess[j]
+                moment[i] += shares[j] * excess[j] * self.mesh.centroids[cells[j]]
+        return cells, new, mass, moment, exclusive
 
     def create(self, t, f, divergence) -> int:
         """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
-        their patch), in place on f. Peaks with overlapping patches move together: the union of
-        their patches keeps min(f, lowest floor) and the excess becomes one atom at its
-        normalised centre of mass. Returns the number of peak groups moved to atoms, new or not
-        (self.created_count counts the new ones)."""
+        their patch), in place on f. All peaks are taken from the same f: a cell in several
+        patches keeps min(f, lowest floor of its owners) and its excess goes to the nearest
+        candidate(s) (_ownership); a candidate left with less than min_mass of its own (a plateau
+        on the flank of a peak, whose patch reaches into the peak's) is dropped. Returns the
+        number of peaks moved to atoms, new or not (self.created_count counts the new ones)."""
         cand = self.find_peaks(f, divergence)
+        while cand.size:
+            split = self._split(f, cand)
+            heavy = split[2] >= self.min_mass
+            if heavy.all():
+                break
+            cand = cand[heavy]
         if cand.size == 0:
             return 0
-        area = self.mesh.area
+        # an existing atom in the patch takes the peak; the others need a free slot (heaviest first)
         atom_cells = self.cells()
         alive_slots = np.flatnonzero(self.alive)
-        made = 0
-        for group in self._peak_groups(cand):
-            patch = np.unique(np.concatenate([self._patch[c][self._patch[c] >= 0] for c in group]))
-            old = f[patch]
-            new = np.minimum(old, self._floor[group].min())
-            excess = (old - new) * area
-            mass = float(np.sum(excess))  # what the mesh loses, exactly
-            if len(group) == 1:
-                centre = self._centre[group[0]]
+        free = sorted((k for k in range(self.capacity) if not self.alive[k]),
+                      key=lambda k: (not np.isnan(self.created[k]), k))  # never-used slots first
+        owner = np.full(cand.size, -1)
+        for i, c in enumerate(cand):
+            patch = self._patch[c][self._patch[c] >= 0]
+            inside = np.isin(atom_cells, patch) if atom_cells.size else np.zeros(0, dtype=bool)
+            if inside.any():
+                slots = alive_slots[inside]
+                owner[i] = slots[np.argmin(np.linalg.norm(self.positions[slots] - self._centre[c], axis=1))]
+            elif free:
+                owner[i] = free.pop(0)
             else:
-                centre = _unit(excess @ self.mesh.centroids[patch])
-            owner = None
-            if atom_cells.size:
-                inside = np.isin(atom_cells, patch)
-                if inside.any():
-                    slots = alive_slots[inside]
-                    d = np.linalg.norm(self.positions[slots] - centre, axis=1)
-                    owner = int(slots[np.argmin(d)])
-            if owner is None:
-                owner = self._new_slot()
-                if owner is None:
-                    self.refused_count += 1
-                    continue
-                self.created[owner] = t
+                self.refused_count += 1
+        if (owner < 0).any():  # refused peaks stay on the mesh: split among the others again
+            cand, owner = cand[owner >= 0], owner[owner >= 0]
+            if cand.size == 0:
+                return 0
+            split = self._split(f, cand)
+        cells, new, mass, moment, exclusive = split
+        f[cells] = new
+        for i, k in enumerate(owner):
+            if self.masses[k] > 0:
+                self.masses[k] += mass[i]  # at the atom (see the module docstring)
+            else:
+                self.positions[k] = self._centre[cand[i]] if exclusive[i] else _unit(moment[i])
+                self.masses[k] = mass[i]
+                self.created[k] = t
                 self.created_count += 1
-            made += 1
-            f[patch] = new
-            if self.masses[owner] > 0:
-                self.masses[owner] += mass  # at the atom (see the module docstring)
-            else:
-                self.positions[owner] = centre
-                self.masses[owner] = mass
-        return made
+        return int(cand.size)
 
     def feeding_cells(self, x):
         """The cells an atom at x feeds from: those among its cell and that cell's neighbours

@@ -85,11 +85,11 @@ def test_creation_conserves_mass_and_centre_and_keeps_the_floor(mesh_factory):
 
 
 @pytest.mark.parametrize("heavier", [+1, -1])
-def test_mirror_image_peaks_become_one_atom_on_the_mirror_plane(mesh_factory, heavier):
-    """Two narrow peaks mirror-symmetric under y → −y (a symmetry of the HEALPix mesh), two cells
-    apart so that their patches overlap: whichever is heavier by round-off, they move together,
-    the density stays mirror-symmetric and the atom lies on the plane y = 0. (Extracting one
-    before the other broke a symmetric run by the round-off that ordered them.)"""
+def test_mirror_image_peaks_become_mirror_image_atoms(mesh_factory, heavier):
+    """Two narrow peaks mirror-symmetric under y → −y (a symmetry of the HEALPix mesh), so close
+    that their patches overlap: whichever is heavier by round-off, they become two mirror-image
+    atoms of equal mass and the density stays mirror-symmetric. (Extracting one before the other
+    broke a symmetric run by the round-off that ordered them.)"""
     mesh = mesh_factory(16)
     h = math.sqrt(mesh.area)
     c = mesh.centroids
@@ -106,13 +106,32 @@ def test_mirror_image_peaks_become_one_atom_on_the_mirror_plane(mesh_factory, he
     cand = atoms.find_peaks(f, -np.ones(mesh.npix))
     patches = [set(atoms._patch[k][atoms._patch[k] >= 0].tolist()) for k in cand]
     assert len(cand) == 2 and patches[0] & patches[1]  # two peaks, overlapping patches
-    assert atoms.create(1.0, f, -np.ones(mesh.npix)) == 1
+    assert atoms.create(1.0, f, -np.ones(mesh.npix)) == 2
     x, m = atoms.points()
-    assert atoms.count == 1 and abs(x[0, 1]) < 1e-14
+    assert atoms.count == 2 and abs(m[0] - m[1]) < 1e-13 * m[0]
+    np.testing.assert_allclose(x[1], x[0] * [1, -1, 1], atol=1e-13)
     np.testing.assert_allclose(f, f[mirror], rtol=1e-12, atol=0)
     assert mesh.integrate(f) + m.sum() == pytest.approx(mesh.integrate(before), abs=1e-15)
     taken = (before - f) * mesh.area
-    np.testing.assert_allclose(x[0], taken @ c / np.linalg.norm(taken @ c), atol=1e-15)
+    first = taken @ c  # the directions of the first moments: of the two atoms and of what they took
+    np.testing.assert_allclose((m @ x) / np.linalg.norm(m @ x), first / np.linalg.norm(first), atol=1e-13)
+    assert f.min() >= before.min()
+
+
+def test_antipodal_peaks_on_a_coarse_mesh_stay_two_atoms(mesh_factory):
+    """On a coarse mesh the patches of antipodal peaks overlap; each cell's excess goes to the
+    nearer peak, so ±e₁ become two atoms at ±e₁ (not one atom at the normalised mean of the
+    two, a direction set by round-off)."""
+    mesh = mesh_factory(2)
+    e1 = np.array([1.0, 0.0, 0.0])
+    f = gaussian_peak(mesh, e1, 0.15, background=0.01, mass=0.3) + gaussian_peak(mesh, -e1, 0.15, background=0.0, mass=0.3)
+    before = f.copy()
+    atoms = Atoms(mesh, width=1.3, min_mass=1e-3)
+    made = atoms.create(0.5, f, -np.ones(mesh.npix))
+    x, m = atoms.points()
+    assert made == 2 and atoms.count == 2
+    np.testing.assert_allclose(np.sort(x[:, 0]), [-1.0, 1.0], atol=0.05)
+    assert mesh.integrate(f) + m.sum() == pytest.approx(mesh.integrate(before), abs=1e-15)
 
 
 def test_no_atom_from_a_resolved_or_expanding_or_light_peak(mesh_factory):
