@@ -66,3 +66,15 @@ def run_difference(a, b):
         else:
             assert np.array_equal(x, y), name
     return worst
+
+
+def run_config_text(folder, name, text):
+    """Write the config text to folder/name.toml and run it in this process (`spherepde run`);
+    returns the path of the run file folder/name.nc."""
+    from spherepde.cli import main
+
+    cfg = folder / f"{name}.toml"
+    cfg.write_text(text)
+    out = folder / f"{name}.nc"
+    assert main(["run", str(cfg), "-o", str(out)]) == 0
+    return out

@@ -21,12 +21,12 @@ import pytest
 import xarray as xr
 
 from spherepde import io
-from spherepde.cli import main
 from spherepde.config import build_model, load, resolve
 from spherepde.eulerian import EulerianSolver
 from spherepde.io import open_run
 from spherepde.mesh import HealpixMesh
 from spherepde.sweep import RunSpec, combine
+from run_helpers import run_config_text
 
 NSIDE = 8
 NPIX = 12 * NSIDE**2
@@ -52,12 +52,7 @@ save_every = 0.25
 
 @pytest.fixture(scope="module")
 def run_file(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("readers")
-    cfg = folder / "uniform.toml"
-    cfg.write_text(CONFIG)
-    out = folder / "uniform.nc"
-    assert main(["run", str(cfg), "-o", str(out)]) == 0
-    return out
+    return run_config_text(tmp_path_factory.mktemp("readers"), "uniform", CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 from spherepde.cli import main
 from spherepde.io import open_run
 from run_configs import PAPER_VMF_CONFIG
+from run_helpers import run_config_text
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
@@ -27,12 +28,7 @@ save_every = 0.25
 
 @pytest.fixture(scope="module")
 def atom_run(tmp_path_factory):
-    d = tmp_path_factory.mktemp("plots")
-    cfg = d / "atoms.toml"
-    cfg.write_text(CONFIG)
-    out = d / "atoms.nc"
-    assert main(["run", str(cfg), "-o", str(out)]) == 0
-    return out
+    return run_config_text(tmp_path_factory.mktemp("plots"), "atoms", CONFIG)
 
 
 @pytest.fixture(scope="module")
