@@ -2,7 +2,11 @@
 
 A config has the sections
 
-    [model]        beta (number or "inf"), B, V (3×3 nested lists)
+    [model]        beta (number or "inf"), B, V (3×3 nested lists, or a random law: "gaussian" |
+                   "goe" | "wigner" | "orthogonal" | "identity", or the other matrix: "B", "-B", "V",
+                   "-V"; spherepde.weights), weight_seed (integer ≥ 0) and weight_scale (> 0) of
+                   the random laws. The resolved config holds the matrices, and `weights` records
+                   the laws and seed they came from ("given" for two matrices).
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
@@ -47,7 +51,7 @@ class ConfigError(ValueError):
 
 
 DEFAULTS = {
-    "model": {"beta": None, "B": None, "V": None},
+    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None},
     "initial": {"kind": "uniform"},
     "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
@@ -163,6 +167,36 @@ def _check_keys(section, table, allowed):
             raise ConfigError(f"[{section}] {key}: unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})")
 
 
+def _resolve_weights(model, given):
+    """B and V as matrices (a law of spherepde.weights drawn with weight_seed, or the other
+    matrix); model["weights"] records where they came from."""
+    from . import weights
+
+    if "weights" in given:
+        raise ConfigError("[model] weights: set by spherepde (the record of the laws of B and V); "
+                          "give B, V and weight_seed instead")
+    seed = model["weight_seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"[model] weight_seed: must be an integer >= 0, got {seed!r}")
+    model["weight_scale"] = _number("model", "weight_scale", model["weight_scale"], positive=True)
+    names = weights.LAWS + weights.REFERENCES
+    for key in ("B", "V"):
+        if isinstance(model[key], str):
+            if model[key] not in names:
+                raise ConfigError(f"[model] {key}: must be a 3×3 matrix or one of "
+                                  f"{', '.join(map(repr, names))}, got {model[key]!r}")
+        else:
+            model[key] = _matrix("model", key, model[key])
+    laws = {k: model[k] for k in ("B", "V") if isinstance(model[k], str)}
+    try:
+        B, V = weights.resolve_weights(model["B"], model["V"], seed, model["weight_scale"])
+    except ValueError as exc:
+        raise ConfigError(f"[model] {exc}") from None
+    model["B"], model["V"] = B.tolist(), V.tolist()
+    model["weights"] = ("given" if not laws else ", ".join(f"{k} = {v}" for k, v in laws.items())
+                        + ("" if not laws else f" (weight_seed {seed}, weight_scale {model['weight_scale']:g})"))
+
+
 def resolve(raw: dict) -> dict:
     """Validate a parsed config and fill in defaults. Raises ConfigError naming the first bad key."""
     if not isinstance(raw, dict):
@@ -188,8 +222,7 @@ def resolve(raw: dict) -> dict:
     if not math.isinf(model["beta"]) and not (BETA_RANGE[0] <= model["beta"] <= BETA_RANGE[1]):
         raise ConfigError(f'[model] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
                           f"(the validated range of the attention sum), got {model['beta']:g}")
-    model["B"] = _matrix("model", "B", model["B"])
-    model["V"] = _matrix("model", "V", model["V"])
+    _resolve_weights(model, raw.get("model", {}))
     try:
         check_model(model["B"], model["V"], model["beta"])
     except ValueError as exc:
@@ -338,6 +371,9 @@ def _vmf(section, table):
 # sections a resumed run may change: where the file is, and the guards' tolerances (they stop a
 # run, they do not change its numbers)
 RESUME_MAY_CHANGE = ("output", "guards")
+# keys added to the resolved config after files were written without them, and the value such a
+# file implies (random weights came later: its B and V were given)
+ADDED_KEYS = {("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0, ("model", "weights"): "given"}
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
@@ -345,6 +381,8 @@ def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | Non
     b now"), or None when they agree outside the ignored sections."""
     for section in sorted(set(stored) | set(given)):
         a, b = stored.get(section), given.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):  # keys added since the file was written
+            a = {**{k: v for (sec, k), v in ADDED_KEYS.items() if sec == section and k not in a and k in b}, **a}
         if section in ignore or a == b:
             continue
         if isinstance(a, dict) and isinstance(b, dict):
