@@ -17,10 +17,11 @@ carries, or numerical diffusion:
   softmax weight at the heavier atom that comes from the mesh, from f_char and from the
   particles (none).
 
-    python -m validation.background [--nside 16] [--t 2 4 6 8] [--out DIR]
+    python -m validation.background [--nside 16 32] [--t 2 4 6 8] [--out DIR]
 
-writes DIR/background.md (default validation/reports/atoms/). The run (β = 30, projected-normal
-law of solvers/atoms_base.toml, snapshots every 0.05) goes to DIR/background_run.nc and is reused.
+writes DIR/background.md (default validation/reports/atoms/). The runs (β = 30, projected-normal
+law of solvers/atoms_base.toml, snapshots every 0.05) go to DIR/background_run_nside<N>.nc and
+are reused.
 """
 
 from __future__ import annotations
@@ -130,17 +131,16 @@ def ensure_run(path, nside, t_end, say=print):
     return cfg, open_run(path)
 
 
-def report(nside=16, times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
+def measure(nside, times, out, say=print):
+    """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
+    log₁₀(f_mesh / f_char), the leaked mass, and the weight shares."""
     from spherepde import config as C
     from spherepde.mesh import HealpixMesh
 
-    out = Path(out) if out else REPO / "validation" / "reports" / "atoms"
-    out.mkdir(parents=True, exist_ok=True)
-    cfg, ds = ensure_run(out / "background_run.nc", nside, max(times), say)
+    cfg, ds = ensure_run(out / f"background_run_nside{nside}.nc", nside, max(times), say)
     model, law = C.build_model(cfg["model"]), C.build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     field = SavedField(ds, mesh, model)
-    bands = [(-99, -12), (-12, -8), (-8, -4), (-4, 0), (0, 9)]
     rows, shares = [], []
     for t in times:
         k = int(np.argmin(np.abs(ds.time.values - t)))
@@ -149,7 +149,7 @@ def report(nside=16, times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
         ratio = np.log10(f_mesh / f_char)
         level = np.log10(f_char)
         cells = []
-        for lo, hi in bands:
+        for lo, hi in BANDS:
             sel = (level >= lo) & (level < hi)
             if sel.any():
                 p10, p50, p90 = np.percentile(ratio[sel], [10, 50, 90])
@@ -158,30 +158,44 @@ def report(nside=16, times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
                 cells.append("—")
         excess = f_mesh > 10 * f_char
         leaked = float(np.sum((f_mesh - f_char)[excess]) * mesh.area)
-        rows.append(f"| {t:g} | {float(ds.mesh_mass[k]):.1e} | " + " | ".join(cells) + f" | {leaked:.1e} |")
+        rows.append(f"| {nside} | {t:g} | {float(ds.mesh_mass[k]):.1e} | " + " | ".join(cells) + f" | {leaked:.1e} |")
         pos, mass = ds.atom_position.values[k], ds.atom_mass.values[k]
         if (mass > 0).any():
-            shares.append(f"| {t:g} | {weight_share(model, mesh, f_mesh, pos, mass, AWAY):.3g} | "
+            shares.append(f"| {nside} | {t:g} | {weight_share(model, mesh, f_mesh, pos, mass, AWAY):.3g} | "
                           f"{weight_share(model, mesh, f_char, pos, mass, AWAY):.3g} | 0 |")
-        say(f"  t = {t:g} done")
-    head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in bands)
+        say(f"  nside {nside}, t = {t:g} done")
+    return rows, shares
+
+
+BANDS = [(-99, -12), (-12, -8), (-8, -4), (-4, 0), (0, 9)]
+
+
+def report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
+    out = Path(out) if out else REPO / "validation" / "reports" / "atoms"
+    out.mkdir(parents=True, exist_ok=True)
+    rows, shares = [], []
+    for nside in nsides:
+        r, sh = measure(nside, times, out, say)
+        rows += r
+        shares += sh
+    head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in BANDS)
     lines = [
         "# The background at β = 30: the mesh density against its own characteristics", "",
         "Written by `python -m validation.background` (module docstring). Projected-normal law of "
-        f"solvers/atoms_base.toml, β = 30, nside {nside}, atoms on, snapshots every 0.05. f_char is "
-        "the density carried along the backward characteristics of the run's own field (cells and "
-        "atoms, linear in time between snapshots; RK4, dt = 0.025): what the continuity equation "
-        "transports in that field without numerical diffusion.", "",
+        f"solvers/atoms_base.toml, β = 30, nside {' and '.join(map(str, nsides))}, atoms on, snapshots "
+        "every 0.05. f_char is the density carried along the backward characteristics of the run's own "
+        "field (cells and atoms, linear in time between snapshots; RK4, dt = 0.025): what the continuity "
+        "equation transports in that field without numerical diffusion.", "",
         "Per band of f_char: number of cells, then the median of log₁₀(f_mesh / f_char) and, in "
         "brackets, its 10th and 90th percentiles. Last column: the mesh mass in cells where "
         "f_mesh > 10 f_char (what the scheme's diffusion put there).", "",
-        f"| t | mesh mass | {head} | mass with f_mesh > 10 f_char |",
-        "|---|---|" + "---|" * len(bands) + "---|", *rows, "",
+        f"| nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char |",
+        "|---|---|---|" + "---|" * len(BANDS) + "---|", *rows, "",
         f"Share of the softmax weight at the heavier atom z that comes from the background (cells "
         f"farther than {AWAY} rad from every atom; the rest from the atoms): with the mesh density, "
-        "with f_char in every cell, and for the quadrature "
-        "particles, which have no particle near Bᵀz/|Bᵀz| after t ≈ 6 (docs/atoms.md).", "",
-        "| t | mesh density | f_char | particles |", "|---|---|---|---|", *shares, "",
+        "with f_char in every cell, and for the quadrature particles, which have no particle near "
+        "Bᵀz/|Bᵀz| after t ≈ 6 (docs/atoms.md).", "",
+        "| nside | t | mesh density | f_char | particles |", "|---|---|---|---|---|", *shares, "",
     ]
     path = out / "background.md"
     path.write_text("\n".join(lines))
@@ -191,11 +205,11 @@ def report(nside=16, times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nside", type=int, default=16)
+    parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--t", type=float, nargs="+", default=[2.0, 4.0, 6.0, 8.0])
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    report(args.nside, tuple(args.t), args.out)
+    report(tuple(args.nside), tuple(args.t), args.out)
 
 
 if __name__ == "__main__":
