@@ -181,6 +181,14 @@ def _hex_series_digest(named_values) -> str:
 
 
 SERIES_DIGEST_PLACEHOLDER = "0" * 16
+# The attributes a guard failure writes, reserved at creation with values of their final size
+# and rewritten in place: a new or longer attribute grows HDF5's object header, and under a full
+# disk or a file-size limit a failed header write leaves a file that no longer opens (measured:
+# "NetCDF: Can't open HDF5 attribute" after a guard failure in a file capped at the size of the
+# run without it). The failure message is padded or cut to FAILURE_WIDTH characters; open_run
+# strips it and drops the placeholders of a run that did not fail.
+FAILURE_WIDTH = 1024
+RESERVED_ATTRS = {"failure": " " * FAILURE_WIDTH, "failure_time": math.nan, "wall_seconds": math.nan}
 
 
 def _layout(nc) -> dict:
@@ -245,6 +253,7 @@ class RunWriter:
                 }
                 if self.rewritten:  # set at the end: in place, the file does not grow then
                     glob["series_digest"] = SERIES_DIGEST_PLACEHOLDER
+                glob.update(RESERVED_ATTRS)  # likewise for a failure (see RESERVED_ATTRS)
                 glob.update({k: attr_value(v) for k, v in (attrs or {}).items()})
                 nc.setncatts(glob)
                 nc.setncatts({"layout_digest": _digest(_layout(nc)), "end_digest": _digest(_run_end(nc))})
@@ -408,10 +417,15 @@ class RunWriter:
         if unknown:
             raise ValueError(f"not an attribute of the end of a run: {sorted(unknown)}")
         nc = self._nc
+        values = {k: attr_value(v) for k, v in attrs.items()}
+        if "failure" in values:  # the reserved width (RESERVED_ATTRS)
+            values["failure"] = str(values["failure"])[:FAILURE_WIDTH].ljust(FAILURE_WIDTH)
         with self._writing("global attributes"):
-            nc.setncatts({k: attr_value(v) for k, v in attrs.items()})
+            nc.setncatts(values)
             for name in delete:
-                if name in nc.ncattrs():
+                if name in RESERVED_ATTRS:  # back to its placeholder: the space stays reserved
+                    nc.setncattr(name, RESERVED_ATTRS[name])
+                elif name in nc.ncattrs():
                     nc.delncattr(name)
             nc.setncattr("end_digest", _digest(_run_end(nc)))
 
@@ -471,7 +485,23 @@ def _load(path):
         ds.attrs.update(complete=0, warning="the attributes of the end of the run do not match their "
                         "checksum (damaged, or written when the run was killed): dropped, --resume recomputes them")
     _check_values(path, ds)
+    _drop_placeholders(ds.attrs)
     return _current_layout(ds)
+
+
+def _drop_placeholders(attrs):
+    """The reserved attributes (RESERVED_ATTRS) as a reader expects them: the failure message
+    without its padding, and no failure, failure_time or wall_seconds where none was written."""
+    failure = attrs.get("failure")
+    if isinstance(failure, str):
+        if failure.strip():
+            attrs["failure"] = failure.rstrip()
+        else:
+            del attrs["failure"]
+    for name in ("failure_time", "wall_seconds"):
+        value = attrs.get(name)
+        if isinstance(value, (float, np.floating)) and math.isnan(value):
+            del attrs[name]
 
 
 def _current_layout(ds):
