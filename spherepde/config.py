@@ -193,8 +193,10 @@ def _resolve_weights(model, given):
     except ValueError as exc:
         raise ConfigError(f"[model] {exc}") from None
     model["B"], model["V"] = B.tolist(), V.tolist()
-    model["weights"] = ("given" if not laws else ", ".join(f"{k} = {v}" for k, v in laws.items())
-                        + ("" if not laws else f" (weight_seed {seed}, weight_scale {model['weight_scale']:g})"))
+    model["weights"] = "given"
+    if laws:
+        model["weights"] = (", ".join(f"{k} = {v}" for k, v in laws.items())
+                            + f" (weight_seed {seed}, weight_scale {model['weight_scale']:g})")
 
 
 def resolve(raw: dict) -> dict:
