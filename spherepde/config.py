@@ -9,7 +9,8 @@ A config has the sections
                    the laws and seed they came from ("given" for two matrices).
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
-    [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
+    [eulerian]     enabled (false: no Eulerian solve, the particles alone; needs [particles]),
+                   nside (power of two; with enabled = false, the mesh of quadrature particles), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
                    summation ("auto" | "direct" | "tree" | "harmonic"), tolerance (of the tree, relative, in
                    (0, 1e-3]), near_field (true: exact kernel integrals near the peak),
                    velocity_tolerance (0: exact velocity at every stage; ε in (0, 0.1]: evaluate it
@@ -53,7 +54,7 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None},
     "initial": {"kind": "uniform"},
-    "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
+    "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": True},
@@ -239,6 +240,10 @@ def resolve(raw: dict) -> dict:
     cfg["initial"] = _resolve_initial(cfg["initial"])
 
     eul = cfg["eulerian"]
+    if not isinstance(eul["enabled"], bool):
+        raise ConfigError(f"[eulerian] enabled: must be true or false, got {eul['enabled']!r}")
+    if not eul["enabled"] and cfg["particles"] is None:
+        raise ConfigError("[eulerian] enabled: false needs a [particles] section (the run would solve nothing)")
     nside = eul["nside"]
     if isinstance(nside, bool) or not isinstance(nside, int) or nside < 1 or nside & (nside - 1):
         raise ConfigError(f"[eulerian] nside: must be a positive power of two, got {nside!r}")
@@ -375,7 +380,8 @@ def _vmf(section, table):
 RESUME_MAY_CHANGE = ("output", "guards")
 # keys added to the resolved config after files were written without them, and the value such a
 # file implies (random weights came later: its B and V were given)
-ADDED_KEYS = {("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0, ("model", "weights"): "given"}
+ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0,
+              ("model", "weights"): "given"}
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:

@@ -213,7 +213,8 @@ def timestamp():
 class RunWriter:
     """Create the run file (or reopen it to resume) and append snapshots.
 
-    variables: name → (long_name, units) of the per-time diagnostics, declared up front.
+    mesh: the HEALPix mesh of the density, or None for a run of the particles alone (then the
+    file has no cell dimension and no density). variables: name → (long_name, units) of the per-time diagnostics, declared up front.
     dims: extra dimensions name → size (e.g. particle, xyz); arrays: per-time arrays over them,
     name → (dims without time, long_name, units); static: arrays without time,
     name → (dims, values, long_name, units). n_snapshots: slots written at creation (_reserve).
@@ -272,24 +273,17 @@ class RunWriter:
             return nc.createVariable(name, dtype, ("time", *var_dims), chunksizes=(1, *sizes),
                                      fletcher32=True, **kw)
 
-        nc.createDimension(CELL_DIM, mesh.npix)
+        if mesh is not None:  # no mesh: a run of the particles alone
+            nc.createDimension(CELL_DIM, mesh.npix)
         nc.createDimension("time", None)
-        # the CF-1.13 index: a coordinate variable (named as its dimension, so no `coordinates`
-        # attribute needs to list it), found by its standard_name (cell_ids cannot carry one)
-        index = nc.createVariable(CELL_DIM, "i8", (CELL_DIM,), fletcher32=True)
-        index.setncatts(CELL_INDEX_ATTRS)
-        index[:] = mesh.cell_ids.astype(np.int64)
-        ids = nc.createVariable("cell_ids", "u8", (CELL_DIM,), fletcher32=True)
-        ids.setncatts(xdggs_attrs(mesh.level))
-        ids[:] = mesh.cell_ids.astype(np.uint64)
-        crs = nc.createVariable("crs", "i4")
-        crs.setncatts(crs_attrs(mesh.level))
-        crs.assignValue(0)
+        if mesh is not None:
+            self._define_cells(nc, mesh)
         time = per_time("time", "f8", fill_value=False)
         time.setncatts(TIME_ATTRS)
-        dens = per_time("density", "f8", (CELL_DIM,), (mesh.npix,), fill_value=False)
-        dens.setncatts({"long_name": "density f_t w.r.t. surface measure (cell average)",
-                        "units": "sr-1", "grid_mapping": "crs", "coordinates": "cell_ids"})
+        if mesh is not None:
+            dens = per_time("density", "f8", (CELL_DIM,), (mesh.npix,), fill_value=False)
+            dens.setncatts({"long_name": "density f_t w.r.t. surface measure (cell average)",
+                            "units": "sr-1", "grid_mapping": "crs", "coordinates": "cell_ids"})
         for name, (long_name, units) in self.variables.items():
             per_time(name, "f8", fill_value=False).setncatts({"long_name": long_name, "units": units})
         for name, size in (dims or {}).items():
@@ -315,6 +309,21 @@ class RunWriter:
             {"long_name": "SHA-256 (first 8 bytes) of the time index and the values of the snapshot",
              "units": "1", "covers": " ".join(covers), "rewritten": " ".join(self.rewritten)})
         self._covers = covers
+
+    @staticmethod
+    def _define_cells(nc, mesh):
+        """The HEALPix cells: the CF-1.13 index, a coordinate variable (named as its dimension, so
+        no `coordinates` attribute needs to list it), found by its standard_name (cell_ids cannot
+        carry one); xdggs' cell_ids; the grid mapping."""
+        index = nc.createVariable(CELL_DIM, "i8", (CELL_DIM,), fletcher32=True)
+        index.setncatts(CELL_INDEX_ATTRS)
+        index[:] = mesh.cell_ids.astype(np.int64)
+        ids = nc.createVariable("cell_ids", "u8", (CELL_DIM,), fletcher32=True)
+        ids.setncatts(xdggs_attrs(mesh.level))
+        ids[:] = mesh.cell_ids.astype(np.uint64)
+        crs = nc.createVariable("crs", "i4")
+        crs.setncatts(crs_attrs(mesh.level))
+        crs.assignValue(0)
 
     def _reserve(self, n_snapshots):
         """Write every snapshot slot now (NaN, marked incomplete), so that the file has its final
@@ -376,8 +385,8 @@ class RunWriter:
 
     def append(self, time: float, density, values: dict, arrays: dict | None = None,
                kind: int = SNAPSHOT_REGULAR) -> int:
-        """Write one snapshot (density, scalar values, the declared arrays: NaN where not given)
-        and flush it to disk; returns its index."""
+        """Write one snapshot (density (ignored in a file without mesh), scalar values, the
+        declared arrays: NaN where not given) and flush it to disk; returns its index."""
         nc = self._nc
         k = self.next_index
         with self._writing(f"snapshot {k} (t = {time:.6g})"):
@@ -385,8 +394,9 @@ class RunWriter:
                 nc.variables["snapshot_complete"][k] = 0  # overwriting a failure state
                 self._flush()
             # every value as stored, for the digest
-            stored = {"density": np.asarray(density, dtype=float), "snapshot_kind": np.int8(kind),
-                      "time": np.float64(time)}
+            stored = {"snapshot_kind": np.int8(kind), "time": np.float64(time)}
+            if "density" in nc.variables:
+                stored["density"] = np.asarray(density, dtype=float)
             for name in self.arrays:
                 value = (arrays or {}).get(name)
                 stored[name] = (np.full(nc.variables[name].shape[1:], math.nan) if value is None
@@ -475,9 +485,11 @@ def _load(path):
             ds = ds.load()
     except Exception as exc:  # read by the child already: only a file changed meanwhile gets here
         raise RunFileError(f"{path}: unreadable NetCDF file ({type(exc).__name__}: {exc})") from exc
-    for name in ("density", "time", "snapshot_complete"):
+    for name in ("time", "snapshot_complete"):
         if name not in ds.variables:
             raise RunFileError(f"{path}: not a spherepde run file (no variable {name})")
+    if "density" not in ds.variables and "positions" not in ds.variables:
+        raise RunFileError(f"{path}: not a spherepde run file (no variable density or positions)")
     if not end_ok:
         ds.attrs.pop("series_digest", None)
         for name in RUN_END_ATTRS:
@@ -650,7 +662,7 @@ class ResumePoint:
         scalars = [n for n, v in ds.data_vars.items() if v.dims == ("time",)]
         self.records = [{n: float(ds[n].values[k]) for n in scalars} | {"time": float(ds["time"].values[k])}
                         for k in range(index + 1)]
-        self.density = ds["density"].values[index]
+        self.density = ds["density"].values[index] if "density" in ds else None  # None: particles alone
         self.arrays = {n: v.values[index] for n, v in ds.data_vars.items()
                        if v.dims[:1] == ("time",) and len(v.dims) > 1 and n != "density"}
         self.attrs = dict(ds.attrs)

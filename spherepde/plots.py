@@ -44,6 +44,10 @@ __all__ = ["mollweide", "density_maps", "diagnostics_plot", "sphere_figure", "de
            "movie_frames", "plot_run"]
 
 
+DENSITY_LABEL = "density f_t (sr⁻¹)"
+TOKEN_NSIDE = 16  # the histogram of a run of the particles alone: cells of ≈ 3.7°
+
+
 def _axes(ax, figsize):
     import matplotlib.pyplot as plt
 
@@ -75,7 +79,7 @@ def mollweide(values, ax=None, vmin=None, vmax=None, cmap="viridis", xsize=600, 
     return fig, ax
 
 
-def density_maps(ds, times=None, ncols=3, log=True):
+def density_maps(ds, times=None, ncols=3, log=True, label=DENSITY_LABEL):
     """A grid of Mollweide maps of density snapshots with one shared colour scale."""
     import matplotlib.pyplot as plt
     from matplotlib import colors
@@ -103,9 +107,25 @@ def density_maps(ds, times=None, ncols=3, log=True):
         image.set_norm(norm)
     for ax in list(axes.flat)[len(idx):]:
         ax.set_axis_off()
-    fig.colorbar(image, ax=axes, orientation="horizontal", fraction=0.04, pad=0.03,
-                 label="density f_t (sr⁻¹)")
+    fig.colorbar(image, ax=axes, orientation="horizontal", fraction=0.04, pad=0.03, label=label)
     return fig, axes
+
+
+
+
+def token_histogram(ds, nside=TOKEN_NSIDE):
+    """A run of the particles alone as a run with a density: the particle weights binned into
+    the cells of a NESTED HEALPix mesh, divided by the cell area (sr⁻¹), as `density`(time, cell)."""
+    import healpy as hp
+
+    positions = ds["positions"].values
+    weights = ds["particle_weights"].values
+    npix = 12 * nside**2
+    density = np.empty((positions.shape[0], npix))
+    for k, x in enumerate(positions):
+        cells = hp.vec2pix(nside, x[:, 0], x[:, 1], x[:, 2], nest=True)
+        density[k] = np.bincount(cells, weights=weights, minlength=npix) / (4 * np.pi / npix)
+    return ds.assign(density=(("time", "cell"), density))
 
 
 def _log_beta(ds):
@@ -127,6 +147,8 @@ def diagnostics_plot(ds, axes=None):
         fig = axes[0].figure
     t = ds.time.values
     beta = ds.attrs.get("beta")
+    if "alignment_E" not in ds:  # the particles alone
+        return _particle_diagnostics(ds, axes, fig, t, beta)
     ax = axes[0]
     ax.plot(t, ds.alignment_E, "C0", label="alignment with E")
     ax.plot(t, ds.alignment_F, "C1", label="alignment with F")
@@ -150,6 +172,27 @@ def diagnostics_plot(ds, axes=None):
     ax.semilogy(t, ds.lower_bound_aposteriori, "--", label="ℓ₀ exp(−∫ sup div v)")
     ax.semilogy(t, ds.lower_bound_paper, ":", label="½ℓ₀e^{−C₀t}")
     ax.set_title("density lower bound")
+    _finish_panels(ds, axes, fig, t)
+    return fig, axes
+
+
+def _particle_diagnostics(ds, axes, fig, t, beta):
+    """diagnostics_plot of a run of the particles alone: alignment, W₂ to Π#ρ₀, V_p."""
+    ax = axes[0]
+    ax.plot(t, ds.particle_alignment_E, "C0", label="alignment with E (particles)")
+    ax.plot(t, ds.particle_alignment_F, "C1", label="alignment with F (particles)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"alignment, β = {beta}")
+    axes[1].semilogy(t, ds.particle_w2_to_projection, "C0", label="W₂(ρ_t, Π#ρ₀) (particles)")
+    axes[1].set_title("distance to Π#ρ₀")
+    axes[2].semilogy(t, ds.particle_lyapunov, "C3", label="V_p(ρ_t) (particles)")
+    axes[2].set_title("Lyapunov functional")
+    _finish_panels(ds, axes, fig, t)
+    return fig, axes
+
+
+def _finish_panels(ds, axes, fig, t):
+    """t = log β marked, labels, grid, legends."""
     lb = _log_beta(ds)
     for ax in axes:
         if math.isfinite(lb) and t[0] <= lb <= t[-1]:
@@ -158,7 +201,6 @@ def diagnostics_plot(ds, axes=None):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return fig, axes
 
 
 DEFAULT_MOVIE_FRAMES = 200
@@ -429,7 +471,7 @@ def _atom_legend(fig, total_mass):
                title=f"atoms (area ∝ mass, total mass {total_mass:.3g})", title_fontsize=7)
 
 
-def sphere_figure(ds, times=None, centre=None, log=True):
+def sphere_figure(ds, times=None, centre=None, log=True, label=DENSITY_LABEL):
     """Rows of [Mollweide | front hemisphere | back hemisphere] for some snapshots (default: the
     first and the last), one colour scale, atoms as points with area growing with mass. The
     hemispheres are centred on ±centre (default: mass_axis of the last snapshot). Returns
@@ -460,14 +502,14 @@ def sphere_figure(ds, times=None, centre=None, log=True):
                     transform=row[0].transAxes, rotation=90, ha="right", va="center", fontsize=9,
                     fontweight="bold")
     fig.colorbar(axes[0, 0].images[0], ax=axes, orientation="vertical", fraction=0.025, pad=0.02,
-                 label="density f_t (sr⁻¹)")
+                 label=label)
     if _has_atoms(ds):
         _atom_legend(fig, total)
     return fig, axes
 
 
 def density_movie(ds, stem, max_frames=DEFAULT_MOVIE_FRAMES, fps=8, log=True, mp4=None,
-                  dpi=100):
+                  dpi=100, label=DENSITY_LABEL):
     """Write stem + "_movie.gif" (and "_movie.mp4" when ffmpeg is available; mp4=False: never,
     True: required) of the density over time: per frame the SpherePanels of one snapshot, the time
     in the title; frames as movie_frames(n, max_frames); one colour scale for the movie. Returns
@@ -487,7 +529,7 @@ def density_movie(ds, stem, max_frames=DEFAULT_MOVIE_FRAMES, fps=8, log=True, mp
     fig.subplots_adjust(left=0.01, right=0.9, bottom=0.02, top=0.8, wspace=0.05)
     panels = SpherePanels(axes, nside, centre, norm, total_mass=total)
     cax = fig.add_axes([0.915, 0.12, 0.012, 0.62])
-    fig.colorbar(panels.images[0], cax=cax, label="density f_t (sr⁻¹)")
+    fig.colorbar(panels.images[0], cax=cax, label=label)
     _freeze_ticks(cax)
     title = fig.suptitle("", fontsize=11, fontweight="bold", y=0.97)
     stem = Path(stem)
@@ -541,12 +583,16 @@ def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fp
     if int(max_frames) < 1:
         raise ValueError(f"the number of movie frames must be >= 1, got {max_frames}")
     ds = open_run(run_file)
+    label = DENSITY_LABEL
+    if "density" not in ds and "positions" in ds:  # the particles alone: their histogram
+        ds = token_histogram(ds)
+        label = f"particles per cell area, HEALPix nside {TOKEN_NSIDE} (sr⁻¹)"
     if "density" not in ds or ds.sizes.get("time", 0) == 0:
         raise ValueError("no density snapshots")
     out = Path(out_dir)
     stem = Path(run_file).stem
     paths = []
-    fig, _ = density_maps(ds)
+    fig, _ = density_maps(ds, label=label)
     paths.append(out / f"{stem}_density.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
@@ -554,10 +600,10 @@ def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fp
     paths.append(out / f"{stem}_diagnostics.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
-    fig, _ = sphere_figure(ds)
+    fig, _ = sphere_figure(ds, label=label)
     paths.append(out / f"{stem}_sphere.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     if movie:
-        paths.extend(density_movie(ds, out / stem, max_frames=max_frames, fps=fps))
+        paths.extend(density_movie(ds, out / stem, max_frames=max_frames, fps=fps, label=label))
     return paths

@@ -130,17 +130,48 @@ CARRIED_META = {
 
 class _Setup:
     """What a run builds before its first step: model, mesh, f0, solvers, diagnostics, and the
-    layout of the file (variables, attrs, dims, arrays, static)."""
+    layout of the file (variables, attrs, dims, arrays, static). With [eulerian] enabled = false
+    there is no Eulerian solver (solver, f0, measure and diagnostics are None): the particles
+    alone, in a file without cells."""
 
     def __init__(self, config):
-        eul, dg = config["eulerian"], config["diagnostics"]
+        eul, dg, pt = config["eulerian"], config["diagnostics"], config["particles"]
         self.config = config
         self.model = model = build_model(config["model"])
         law = build_initial_law(config["initial"])
-        self.mesh = mesh = HealpixMesh(eul["nside"])
+        self.eulerian = eul["enabled"]
+        quadrature = pt is not None and pt["mode"] == "quadrature"
+        self.mesh = HealpixMesh(eul["nside"]) if self.eulerian or quadrature else None
+        self.C0_user, self.C1 = dg["C0"], dg["C1"]
+        self.variables, self.dims, self.arrays, self.static = {}, {}, {}, {}
+        self.attrs = {
+            "beta": "inf" if model.zero_temperature else model.beta,
+            "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
+            "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,
+            "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
+            "initial_law": repr(law), "lyapunov_p": dg["p"],
+        }
+        self.f0 = self.solver = self.measure = self.diagnostics = None
+        if self.eulerian:
+            self._eulerian_layout(law, eul, dg)
+        self.particles = _particle_setup(config, model, law, self.mesh)
+        if self.particles:
+            self._particle_layout(config["particles"], dg)
+        # the attributes of the end of the run, with placeholder values of the final types: set
+        # at the end, they then replace existing ones instead of growing the file
+        self.attrs["wall_seconds"] = math.nan
+        if self.eulerian:
+            self.attrs.update({"C0": math.nan if self.C0_user is None else self.C0_user,
+                               "C0_source": "user" if self.C0_user is not None else "largest sup div v seen in the run",
+                               "C1": self.C1, "steps": 0, "rejected_steps": 0})
+        if self.particles:
+            self.attrs["particle_field_evaluations"] = 0
+
+    def _eulerian_layout(self, law, eul, dg):
+        model, mesh = self.model, self.mesh
         self.f0 = f0 = law.cell_averages(mesh)
         self.solver = EulerianSolver(mesh, model, scheme=eul["scheme"], cfl=eul["cfl"],
-                                     rk_order=eul["rk_order"], guards=Guards(**config["guards"]),
+                                     rk_order=eul["rk_order"], guards=Guards(**self.config["guards"]),
                                      summation=eul["summation"], tolerance=eul["tolerance"],
                                      near_field=eul["near_field"],
                                      velocity_tolerance=eul["velocity_tolerance"],
@@ -148,66 +179,56 @@ class _Setup:
         self.measure = measure = _CellMeasure(mesh, model, dg["p"])
         self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
                                               w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
-        self.particles = _particle_setup(config, model, law, mesh)
-        self.C0_user, self.C1 = dg["C0"], dg["C1"]
         self.ell0 = float(f0.min())
-        self.variables = dict(SOLVER_META)
+        self.variables.update(SOLVER_META)
         self.variables.update(DIAGNOSTIC_META)
         self.variables["w2_bound_zero_temperature"] = (
             "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞", "1")
         if self.C1 is not None and not model.zero_temperature:
             self.variables["w2_bound_finite_beta"] = (
                 "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
-        self.attrs = {
+        self.attrs.update({
             "nside": mesh.nside, "scheme": eul["scheme"], "cfl": eul["cfl"], "rk_order": eul["rk_order"],
             "summation": eul["summation"], "tolerance": eul["tolerance"],
             "near_field": int(self.solver.near_field_active),
             "velocity_tolerance": eul["velocity_tolerance"],
-            "beta": "inf" if model.zero_temperature else model.beta,
-            "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
-            "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,
-            "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
-            "initial_law": repr(law), "ell0": self.ell0, "lyapunov_p": dg["p"],
-            "lyapunov_initial": self.diagnostics.lyapunov0, "w2_method": self.diagnostics.w2_method,
+            "ell0": self.ell0, "lyapunov_initial": self.diagnostics.lyapunov0,
+            "w2_method": self.diagnostics.w2_method,
             "diagnostics_measure": (f"cell averages on an exact-area rule of order {QUADRATURE_ORDER} per cell; "
                                     "V_p with the singular integrand integrated adaptively per cell"),
-        }
-        self.dims, self.arrays, self.static = {}, {}, {}
+        })
         if self.solver.atoms is not None:
             self.variables.update(ATOM_META)
             self.dims.update(atom=self.solver.atoms.capacity, xyz=3)
             self.arrays.update(ATOM_ARRAYS)
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"]})
-        if self.particles:
-            psolver, x0, pweights, log_f0, rng_record = self.particles
-            self.pdiag = MeasureDiagnostics(model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
-            self.variables.update(PARTICLE_META)
-            self.dims.update(particle=x0.shape[0], xyz=3)
-            self.arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
-            self.static["particle_weights"] = (("particle",), pweights, "particle weights (mass)", "1")
-            if log_f0 is not None:
-                self.variables.update(CARRIED_META)
-                self.arrays["particle_density"] = (("particle",), "density carried along the characteristic", "sr-1")
-                # the state itself: exp and log do not round-trip exactly
-                self.arrays["particle_log_density"] = (("particle",), "log of the carried density", "1")
-            self.attrs.update({"particle_mode": config["particles"]["mode"], "particle_scheme": psolver.scheme,
-                               "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
-                               "particle_lyapunov_initial": self.pdiag.lyapunov0})
-            if rng_record is not None:
-                self.attrs["particle_rng"] = rng_record
-        # the attributes of the end of the run, with placeholder values of the final types: set
-        # at the end, they then replace existing ones instead of growing the file
-        self.attrs.update({"C0": math.nan if self.C0_user is None else self.C0_user,
-                           "C0_source": "user" if self.C0_user is not None else "largest sup div v seen in the run",
-                           "C1": self.C1, "steps": 0, "rejected_steps": 0, "wall_seconds": math.nan})
-        if self.particles:
-            self.attrs["particle_field_evaluations"] = 0
+
+    def _particle_layout(self, pt, dg):
+        psolver, x0, pweights, log_f0, rng_record = self.particles
+        self.pdiag = MeasureDiagnostics(self.model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
+        self.variables.update(PARTICLE_META)
+        if not self.eulerian:
+            del self.variables["w2_eulerian_particles"]
+        self.dims.update(particle=x0.shape[0], xyz=3)
+        self.arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
+        self.static["particle_weights"] = (("particle",), pweights, "particle weights (mass)", "1")
+        if log_f0 is not None:
+            self.variables.update(CARRIED_META)
+            self.arrays["particle_density"] = (("particle",), "density carried along the characteristic", "sr-1")
+            # the state itself: exp and log do not round-trip exactly
+            self.arrays["particle_log_density"] = (("particle",), "log of the carried density", "1")
+        self.attrs.update({"particle_mode": pt["mode"], "particle_scheme": psolver.scheme,
+                           "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
+                           "particle_lyapunov_initial": self.pdiag.lyapunov0})
+        if rng_record is not None:
+            self.attrs["particle_rng"] = rng_record
 
     def writer(self, path, n_snapshots):
-        return RunWriter(path, self.mesh, self.config, self.variables, self.attrs, dims=self.dims,
-                         arrays=self.arrays, static=self.static, n_snapshots=n_snapshots,
-                         rewritten=tuple(self.paper_curves([0.0], 0.0)))
+        rewritten = tuple(self.paper_curves([0.0], 0.0)) if self.eulerian else ()
+        return RunWriter(path, self.mesh if self.eulerian else None, self.config, self.variables, self.attrs,
+                         dims=self.dims, arrays=self.arrays, static=self.static, n_snapshots=n_snapshots,
+                         rewritten=rewritten)
 
     def paper_curves(self, times, c0):
         times = np.asarray(times, dtype=float)
@@ -218,9 +239,30 @@ class _Setup:
 
     def snapshot(self, t, f, rec, c0, particle_state):
         """(values, arrays) of a regular snapshot: the solver record and every diagnostic, on the
-        whole measure (density and atoms)."""
-        values = dict(rec)
-        arrays = {}
+        whole measure (density and atoms), and those of the particles (f, rec: None without the
+        Eulerian solver)."""
+        values, arrays = {}, {}
+        if self.eulerian:
+            points, weights = self._eulerian_snapshot(t, f, rec, c0, values, arrays)
+        if particle_state is not None:
+            psolver, pweights = self.particles.solver, self.particles.weights
+            x, log_f = particle_state
+            values.update({f"particle_{n}": v for n, v in self.pdiag(x, pweights).items()})
+            if self.eulerian:
+                values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
+                                                            nside=self.config["diagnostics"]["w2_nside"])
+            values["particle_field_evaluations"] = psolver.evaluations
+            arrays["positions"] = x
+            if log_f is not None:
+                density = np.exp(log_f)
+                arrays.update(particle_density=density, particle_log_density=log_f)
+                values["particle_min_density"] = float(density.min())
+                values["particle_max_density"] = float(density.max())
+        return values, arrays
+
+    def _eulerian_snapshot(self, t, f, rec, c0, values, arrays):
+        """The Eulerian part of a snapshot into values and arrays; returns the whole measure."""
+        values.update(rec)
         atoms = self.solver.atoms
         xa = ma = None
         if atoms is not None:
@@ -231,27 +273,16 @@ class _Setup:
         lyap = self.measure.lyapunov(f, xa, ma)
         values.update(self.diagnostics(points, weights, lyapunov_value=lyap))
         values.update({name: float(v[0]) for name, v in self.paper_curves([t], c0).items()})
-        if particle_state is not None:
-            psolver, pweights = self.particles.solver, self.particles.weights
-            x, log_f = particle_state
-            values.update({f"particle_{n}": v for n, v in self.pdiag(x, pweights).items()})
-            values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
-                                                        nside=self.config["diagnostics"]["w2_nside"])
-            values["particle_field_evaluations"] = psolver.evaluations
-            arrays["positions"] = x
-            if log_f is not None:
-                density = np.exp(log_f)
-                arrays.update(particle_density=density, particle_log_density=log_f)
-                values["particle_min_density"] = float(density.min())
-                values["particle_max_density"] = float(density.max())
-        return values, arrays
+        return points, weights
 
     def failure_snapshot(self, failure):
         """(density, values, arrays) of the state at failure; what the failing solver did not
         have is NaN."""
-        f = failure.density if failure.density is not None else np.full(self.mesh.npix, math.nan)
-        values = {"mass": self.mesh.integrate(f), "min_density": float(np.min(f)),
-                  "max_density": float(np.max(f))}
+        f, values = None, {}
+        if self.eulerian:
+            f = failure.density if failure.density is not None else np.full(self.mesh.npix, math.nan)
+            values = {"mass": self.mesh.integrate(f), "min_density": float(np.min(f)),
+                      "max_density": float(np.max(f))}
         arrays = {}
         if failure.positions is not None:
             arrays["positions"] = failure.positions
@@ -278,8 +309,10 @@ def _resume_point(setup, path, times):
 
 
 class _Start(NamedTuple):
-    """Where the solvers start: None for t = 0, else the state read from the file."""
+    """Where the solvers start: index None for t = 0, else the snapshot index and the state read
+    from the file."""
 
+    index: int | None = None
     eulerian: SolverState | None = None
     positions: np.ndarray | None = None
     log_density: np.ndarray | None = None
@@ -289,7 +322,10 @@ def _reopen(setup, path, point, times):
     """(writer, records, start) continuing the run in the file from its resume point."""
     writer = RunWriter.reopen(path, setup.variables, setup.arrays, point.index + 1)  # checks the layout
     records = point.records
-    start = _Start(SolverState.from_record(point.index, point.density, records[-1], point.arrays))
+    start = _Start(point.index)
+    if setup.eulerian:
+        start = start._replace(eulerian=SolverState.from_record(point.index, point.density, records[-1],
+                                                                point.arrays))
     if setup.particles:
         setup.particles.solver.evaluations = int(records[-1]["particle_field_evaluations"])
         start = start._replace(positions=point.arrays["positions"],
@@ -313,24 +349,31 @@ def _advance(setup, writer, times, records, start, bar, snapshot_log):
     particle_iter = None
     if setup.particles:
         psolver, x0, weights, log_f0, _ = setup.particles
-        if start.eulerian is None:
+        if start.index is None:
             particle_iter = psolver.snapshots(x0, weights, times, log_f0)
         else:
             particle_iter = psolver.snapshots(start.positions, weights, times, start.log_density,
-                                              resume_from=start.eulerian.index)
-    max_sup_div = max((r["sup_div"] for r in records), default=-math.inf)
-    for _, t, f, rec in setup.solver.snapshots(setup.f0, times, start=start.eulerian):
-        max_sup_div = max(max_sup_div, rec["sup_div"])
-        c0 = setup.C0_user if setup.C0_user is not None else max_sup_div
-        particle_state = next(particle_iter)[2:] if particle_iter is not None else None
+                                              resume_from=start.index)
+    if setup.eulerian:
+        states = ((t, f, rec, next(particle_iter)[2:] if particle_iter is not None else None)
+                  for _, t, f, rec in setup.solver.snapshots(setup.f0, times, start=start.eulerian))
+    else:
+        states = ((t, None, None, (x, log_f)) for _, t, x, log_f in particle_iter)
+    max_sup_div = max((r["sup_div"] for r in records if "sup_div" in r), default=-math.inf)
+    for t, f, rec, particle_state in states:
+        c0 = None
+        if rec is not None:
+            max_sup_div = max(max_sup_div, rec["sup_div"])
+            c0 = setup.C0_user if setup.C0_user is not None else max_sup_div
         values, arrays = setup.snapshot(t, f, rec, c0, particle_state)
         index = writer.append(t, f, values, arrays)
         records.append(values)
         if bar is not None:
             bar.update(t - bar.n)
         if snapshot_log is not None:
-            print(f"snapshot {index} t = {t:.6g} written: min f = {rec['min_density']:.4e}, "
-                  f"alignment E = {values['alignment_E']:.4f}", file=snapshot_log, flush=True)
+            what = (f"min f = {rec['min_density']:.4e}, alignment E = {values['alignment_E']:.4f}" if rec is not None
+                    else f"particles' alignment E = {values['particle_alignment_E']:.4f}")
+            print(f"snapshot {index} t = {t:.6g} written: {what}", file=snapshot_log, flush=True)
 
 
 def _record_failure(setup, writer, failure, records, wall):
@@ -346,24 +389,26 @@ def _record_failure(setup, writer, failure, records, wall):
 
 
 def _summary(path, times, records, wall, particles):
-    mass = np.array([r["mass"] for r in records])
-    return {
-        "path": str(path), "t_end": times[-1], "snapshots": len(records),
-        "steps": int(records[-1]["steps"]), "rejected_steps": int(records[-1]["steps_rejected"]),
-        "mass_drift": float(np.abs(mass - mass[0]).max()),
-        "min_density": min(r["min_density"] for r in records), "wall_seconds": wall,
-        "particles": particles.x0.shape[0] if particles else 0,
-    }
+    summary = {"path": str(path), "t_end": times[-1], "snapshots": len(records), "wall_seconds": wall,
+               "particles": particles.x0.shape[0] if particles else 0}
+    if "mass" in records[-1]:  # the Eulerian solver ran
+        mass = np.array([r["mass"] for r in records])
+        summary.update({"steps": int(records[-1]["steps"]), "rejected_steps": int(records[-1]["steps_rejected"]),
+                        "mass_drift": float(np.abs(mass - mass[0]).max()),
+                        "min_density": min(r["min_density"] for r in records)})
+    return summary
 
 
 def _finish(setup, writer, path, times, records, wall):
     """The quantities known only at the end (C₀ and the curves that depend on it, the step
     counts), then `complete` = 1. Returns the summary."""
-    c0 = max(r["sup_div"] for r in records) if setup.C0_user is None else setup.C0_user
-    for name, values in setup.paper_curves([r["time"] for r in records], c0).items():
-        writer.set_variable(name, values)
     summary = _summary(path, times, records, wall, setup.particles)
-    end = {"C0": c0, "steps": summary["steps"], "rejected_steps": summary["rejected_steps"], "wall_seconds": wall}
+    end = {"wall_seconds": wall}
+    if setup.eulerian:
+        c0 = max(r["sup_div"] for r in records) if setup.C0_user is None else setup.C0_user
+        for name, values in setup.paper_curves([r["time"] for r in records], c0).items():
+            writer.set_variable(name, values)
+        end.update({"C0": c0, "steps": summary["steps"], "rejected_steps": summary["rejected_steps"]})
     if setup.particles:
         end["particle_field_evaluations"] = setup.particles.solver.evaluations
     writer.set_run_attrs(end)
@@ -420,7 +465,11 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
         raise
     if log is not None:
         extra = f", {summary['particles']} particles" if setup.particles else ""
-        log(f"spherepde run: t = {summary['t_end']:g} in {summary['wall_seconds']:.1f} s, {summary['steps']} steps "
-            f"({summary['rejected_steps']} rejected){extra}, {summary['snapshots']} snapshots, "
-            f"mass drift {summary['mass_drift']:.1e}, min density {summary['min_density']:.3e} → {path}")
+        if setup.eulerian:
+            log(f"spherepde run: t = {summary['t_end']:g} in {summary['wall_seconds']:.1f} s, {summary['steps']} steps "
+                f"({summary['rejected_steps']} rejected){extra}, {summary['snapshots']} snapshots, "
+                f"mass drift {summary['mass_drift']:.1e}, min density {summary['min_density']:.3e} → {path}")
+        else:
+            log(f"spherepde run: t = {summary['t_end']:g} in {summary['wall_seconds']:.1f} s, particles alone"
+                f"{extra}, {summary['snapshots']} snapshots → {path}")
     return summary
