@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 import pytest
 import xarray as xr
 
@@ -178,9 +179,22 @@ def test_sweep_files_expand_to_the_issues_runs(tmp_path):
     assert {s.params["initial"] for s in specs} == {"uniform", "projected_normal", "vmf"}
     for s in specs:
         c = s.config
-        assert c["eulerian"]["nside"] == 32 and c["time"]["t_end"] == 20.0
-        assert c["particles"]["mode"] == "tokens" and c["particles"]["n"] == 2000
+        assert c["eulerian"]["nside"] == 16 and c["eulerian"]["atoms"] and c["time"]["t_end"] == 20.0
+        assert c["particles"]["mode"] == "quadrature"
         assert np.array_equal(c["model"]["V"], PAPER_V) and np.array_equal(c["model"]["B"], PAPER_B)
+    tokens = paper.expand_sweep(paper.PAPER_TOKENS, tmp_path)
+    assert len(tokens) == 96
+    cases = {}
+    for s in tokens:  # tokens alone, every law and β of paper_beta, 8 seeds each
+        c = s.config
+        assert not c["eulerian"]["enabled"] and c["particles"]["mode"] == "tokens" and c["particles"]["n"] == 2000
+        cases.setdefault((s.params["initial"], c["model"]["beta"]), []).append(c["particles"]["seed"])
+    assert set(cases) == {(s.params["initial"], s.config["model"]["beta"]) for s in specs}
+    assert all(sorted(seeds) == list(range(1, 9)) for seeds in cases.values())
+    by_n = {}
+    for s in paper.expand_sweep(paper.PAPER_TOKENS_N, tmp_path):
+        by_n.setdefault(s.config["particles"]["n"], set()).add(s.config["particles"]["seed"])
+    assert sorted(by_n) == [500, 1000, 2000, 4000, 8000] and all(len(v) == 8 for v in by_n.values())
     ablation = paper.expand_sweep(paper.PAPER_ABLATION, tmp_path)
     m = _matrices()
     assert [s.params["model"] for s in ablation] == list(m)
@@ -194,7 +208,7 @@ def test_derived_sweep_without_changes_is_the_sweep(tmp_path):
     with `spherepde sweep FILE --out DIR` are reused by `spherepde validate paper`."""
     import json
 
-    for sweep in (paper.PAPER_BETA, paper.PAPER_ABLATION):
+    for sweep in (paper.PAPER_BETA, paper.PAPER_ABLATION, paper.PAPER_TOKENS, paper.PAPER_TOKENS_N):
         a = paper.expand_sweep(sweep, tmp_path)
         b = paper.expand_sweep(paper.derive_sweep(sweep, tmp_path / "copy", {}), tmp_path)
         assert [s.run_id for s in a] == [s.run_id for s in b]
@@ -202,14 +216,21 @@ def test_derived_sweep_without_changes_is_the_sweep(tmp_path):
 
 
 def test_derived_sweep_overrides_base_and_grid(tmp_path):
-    path = paper.derive_sweep(paper.PAPER_BETA, tmp_path / "q", dict(paper.QUICK_BASE), {"model.beta": [10.0, "inf"]})
+    quick = dict(paper.QUICK_BASE, **{"eulerian.nside": 8})
+    path = paper.derive_sweep(paper.PAPER_BETA, tmp_path / "q", quick, {"model.beta": [10.0, "inf"]})
     specs = paper.expand_sweep(path, tmp_path / "q")
     assert len(specs) == 6
     for s in specs:
-        assert s.config["eulerian"]["nside"] == 8 and s.config["particles"]["n"] == 300
-        assert s.config["time"]["t_end"] == 8.0 and s.config["particles"]["seed"] == 1
+        assert s.config["eulerian"]["nside"] == 8 and s.config["particles"]["dt"] == 0.05
+        assert s.config["time"]["t_end"] == 8.0
+    # a base value that a grid axis sets replaces the axis
+    path = paper.derive_sweep(paper.PAPER_TOKENS, tmp_path / "t", dict(quick, **paper.QUICK_TOKENS),
+                              {"particles.seed": paper.QUICK_SEEDS})
+    specs = paper.expand_sweep(path, tmp_path / "t")
+    assert len(specs) == 12 * len(paper.QUICK_SEEDS)
+    assert {s.config["particles"]["n"] for s in specs} == {300} and {s.config["particles"]["dt"] for s in specs} == {0.05}
     if paper.BETA_PHASE.is_file():  # grid axes that set a base value are replaced too; no particles added
-        path = paper.derive_sweep(paper.BETA_PHASE, tmp_path / "p", dict(paper.QUICK_BASE))
+        path = paper.derive_sweep(paper.BETA_PHASE, tmp_path / "p", quick)
         for s in paper.expand_sweep(path, tmp_path / "p"):
             assert s.config["eulerian"]["nside"] == 8 and s.config["time"]["t_end"] == 8.0
             assert s.config["particles"] is None
@@ -252,16 +273,41 @@ def test_report_from_tiny_runs(tmp_path):
         models = tomllib.load(fh)["sweep"]["grid"]["model"][2:4]  # rotation_V (dim E = 2), B = V
     ablation = _tiny_runs(paper.PAPER_ABLATION, tmp_path / "a", {"model": models})
     assert len(beta_cases) == 2 and len(ablation) == 2
+    tokens = _tiny_runs(paper.PAPER_TOKENS, tmp_path / "t", {"model.beta": [10.0, "inf"], "initial": [uniform],
+                                                            "particles.seed": [1, 2, 3]})
+    n_cases = _tiny_runs(paper.PAPER_TOKENS_N, tmp_path / "n", {"particles.n": [20, 40], "particles.seed": [1, 2]})
+    assert len(tokens) == 6 and len(n_cases) == 4 and all(c.nside is None for c in tokens)
     phase = (paper._combined_from_cases(beta_cases), [(c.beta, math.nan) for c in beta_cases], "test")
     report = paper.write_report(tmp_path / "out", beta_cases, ablation, phase, True, ["- tiny"],
-                                paper.read_paper_table())
+                                paper.read_paper_table(), tokens, n_cases)
     text = report.read_text()
-    for heading in ("Quick run", "The paper's table beside ours", "Ablation", "Phase diagram",
+    for heading in ("Quick run", "The paper's table beside ours", "Ablation", "Phase diagram", "Tokens against n",
                     "Where we disagree with the paper and why"):
         assert heading in text
     c10 = next(c for c in beta_cases if c.beta == 10.0)
-    value, when = paper.max_alignment(c10.ds)
-    assert f"| 10 | ~0.72 | {value:.3f} ({when:.1f}) |" in text
+    value, _ = paper.max_alignment(c10.ds)
+    particles, _ = paper.max_alignment(c10.ds, "particle_")
+    # the token cell: mean and 95 % Student-t half-width of the three samples' maxima, from the files
+    maxima = [paper.max_alignment(c.ds, "particle_")[0] for c in tokens if c.beta == 10.0]
+    half = stats.t.ppf(0.975, 2) * np.std(maxima, ddof=1) / math.sqrt(3)
+    assert f"| 10 | ~0.72 | {value:.4f} | {particles:.4f} | {np.mean(maxima):.4f} ± {half:.4f} |" in text
     assert "| 30 | ~0.89 | not run" in text
     assert "| rotation_V |" in text and "complex_dominant_pair" in text
     assert (report.parent / "ablation.png").is_file() and (report.parent / "beta_uniform_nside4.png").is_file()
+
+
+# ------------------------------------------------------------------ ensembles
+def test_interval_is_the_student_t_interval():
+    from validation.ensembles import interval, onset_text
+
+    iv = interval([1.0, 2.0, 3.0])  # s = 1; Student t with 2 degrees: t_p = (2p − 1)/√(2p(1 − p))
+    assert iv.mean == 2.0 and iv.count == 3 and iv.std == pytest.approx(1.0)
+    t = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+    assert iv.half_width == pytest.approx(t / math.sqrt(3), rel=1e-12)
+    assert interval([math.nan, 5.0]).count == 1 and math.isnan(interval([5.0]).half_width)
+    assert onset_text([math.nan, math.nan]) == "none (0 of 2)"
+    assert onset_text([10.0, 12.0, math.nan]).endswith("(2 of 3)")
+    # the coverage of the interval: 95 % of normal samples' intervals hold the mean (binomial ± 3σ)
+    samples = np.random.default_rng(0).normal(5.0, 2.0, (2000, 8))
+    hits = sum(abs(iv.mean - 5.0) <= iv.half_width for iv in map(interval, samples))
+    assert abs(hits / 2000 - 0.95) < 3 * math.sqrt(0.95 * 0.05 / 2000)

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .convergence import (METRICS, by_law_and_beta as _by, convergence_cells as _convergence_rows,
+                          number_text as _f, order_text as _order_text)
 from .paper import (REPO, _beta_text, cell_quadrature_measure, collect, derive_sweep, f_phase_onset,
                     run_sweep_files, zero_temperature_push)
 
@@ -239,49 +241,6 @@ def run_sweeps(runs, nsides=NSIDES, quick=False, workers=2, say=print):
 
 
 # ====================================================================== report pieces
-def _order(a, b, c):
-    """Observed order log₂(|b − a| / |c − b|) of a sequence at h, h/2, h/4; NaN if undefined or
-    if the differences change sign (not a convergent sequence yet)."""
-    d1, d2 = b - a, c - b
-    if not (np.isfinite(d1) and np.isfinite(d2)) or d2 == 0 or d1 == 0 or (d1 > 0) != (d2 > 0):
-        return math.nan
-    return math.log2(abs(d1) / abs(d2))
-
-
-def _order_text(values):
-    """The order cell of a table row: the observed order, 'not monotone', or — (< 3 values)."""
-    if len(values) < 3:
-        return "—"
-    order = _order(*values[-3:])
-    if np.isfinite(order):
-        return f"{order:.1f}"
-    return "not monotone" if all(np.isfinite(values[-3:])) else "—"
-
-
-def _f(x, digits=4):
-    return "—" if x is None or not np.isfinite(x) else f"{x:.{digits}f}"
-
-
-def _convergence_rows(values):
-    """Cells 'v16 / v32 / v64', 'differences', 'order' of {nside: value}."""
-    ns = sorted(values)
-    vals = [values[n] for n in ns]
-    diffs = [b - a for a, b in zip(vals, vals[1:])]
-    return (" / ".join(_f(v) for v in vals), ", ".join(f"{d:+.2e}" for d in diffs) or "—", _order_text(vals))
-
-
-def _by(cases):
-    """{(law, β): {nside: Case}}."""
-    out = {}
-    for c in cases:
-        out.setdefault((c.law, c.beta), {})[c.nside] = c
-    return out
-
-
-METRICS = (("F-onset", lambda m: m["onset"]), ("max alignment with E", lambda m: m["max_E"][0]),
-           ("min W₂(ρ_t, Π#ρ₀)", lambda m: m["w2_min"][0]))
-
-
 def convergence_table(cases):
     """Per case and metric: particles and Eulerian + atoms over the meshes, with orders, and the
     Eulerian's distance to the particles' value on the finest mesh."""
@@ -290,7 +249,7 @@ def convergence_table(cases):
              "|---|---|---|---|---|---|---|---|---|---|"]
     for (law, beta), runs in sorted(_by(cases).items()):
         for name, pick in METRICS:
-            part = {n: pick(c.metrics["tokens"]) for n, c in runs.items()}
+            part = {n: pick(c.metrics["particles"]) for n, c in runs.items()}
             eul = {n: pick(c.metrics["eulerian"]) for n, c in runs.items()}
             finest = max(runs)
             gap = eul[finest] - part[finest]
@@ -487,7 +446,7 @@ def symmetric_lines(cases, level=0.9):
         lines.append(f"| rate, {e0:g} → {e1:g} | " + " | ".join(cells) + " |")
     cells = []
     for n in nsides:
-        for j, who in ((0, "eulerian"), (1, "tokens")):
+        for j, who in ((0, "eulerian"), (1, "particles")):
             pts = [(math.log(1 / eps), table[eps][n][j]) for eps in epsilons
                    if n in table[eps] and np.isfinite(table[eps][n][j])]
             rate = math.nan

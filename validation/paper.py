@@ -1,21 +1,27 @@
 """Reproduction of the seed paper's experiments (`spherepde validate paper --out DIR [--quick]`).
 
-Three sweeps (spherepde sweep files):
+Sweeps (spherepde sweep files), the paper's matrices V = diag(−1, 1, −2), B = diag(−1, −1, 1):
 
 - solvers/paper_beta.toml: β ∈ {10, 30, 1000, ∞} × initial laws {uniform, projected normal,
-  vMF}, the paper's matrices V = diag(−1, 1, −2), B = diag(−1, −1, 1); Eulerian nside 32 and
-  n = 2000 i.i.d. tokens in lockstep, t ≤ 20;
+  vMF}: the mean field, by the Eulerian solver with atoms and the quadrature particles of the
+  same mesh in lockstep, t ≤ 20; run on nside 16 and 8 (half the resolution: every Eulerian
+  number is reported with its difference to it), and 32 with slow (observed orders);
+- solvers/sweeps/paper_tokens.toml: n = 2000 tokens alone for the same cases over 8 seeds (the
+  ensembles: mean ± 95 % interval, validation.ensembles);
+- solvers/sweeps/paper_tokens_n.toml: the tokens' F-onset against n (500 … 8000, 8 seeds), for
+  one case whose mean field has an onset;
 - solvers/paper_ablation.toml: five (V, B) settings at β = 30 (data/ablation_matrices.md);
 - solvers/sweeps/beta_phase.toml: ~12 β from 3 to 3000 (nside 16, t ≤ 20), the (t, β) phase
   diagram.
 
 Complete run files already in the output folders are reused (same config: nothing is
-recomputed). The report DIR/report.md (figures beside it) holds, per β and initial law, the
-metrics below for the Eulerian solution and for the tokens, with the theory curves on the same
-axes; the paper's table (data/paper_table.csv) beside ours; the ablation table with Mollweide
-maps; the phase diagram; and where we disagree with the paper and why.
+recomputed). The report DIR/report.md (figures beside it) holds the paper's table beside ours,
+per β and initial law the metrics below for both mean-field discretisations with their
+resolution differences and for the token ensembles, the theory curves on the same axes, the
+tokens against n, the ablation table with Mollweide maps, the phase diagram, and where we
+disagree with the paper and why.
 
-Metrics (plain functions of a run Dataset, `prefix="particle_"` for the tokens):
+Metrics (plain functions of a run Dataset, `prefix="particle_"` for the particles or tokens):
 
 - `max_alignment`: max over save times of the alignment with E, ∫|Q_E x|² dρ_t
   (spherepde.diagnostics), and the first save time where it is reached;
@@ -24,9 +30,9 @@ Metrics (plain functions of a run Dataset, `prefix="particle_"` for the tokens):
 - `u_curve_minimum`: min over save times of W₂(ρ_t, Π#ρ₀) and its time (the bottom of the
   U-curve: concentration on Π#ρ₀, then departure from it).
 
-`quick=True` runs the same machinery on CI-sized runs (nside 8, 300 tokens, t ≤ 8, fewer β);
-the report says so. `nsides` replaces the Eulerian mesh of paper_beta (one sweep per nside;
-the ablation uses the finest); the default is the sweep files' own nside 32.
+`quick=True` runs the same machinery on CI-sized runs (nside 4 and 8, 300 tokens over 3 seeds,
+t ≤ 8, fewer β); the report says so. `nsides` replaces the meshes of paper_beta (one sweep per
+nside; the ablation uses the finest).
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .convergence import METRICS, by_law_and_beta, convergence_cells
+from .ensembles import group_by, interval, interval_text, onset_text
+
 __all__ = ["max_alignment", "f_phase_onset", "u_curve_minimum", "value_at", "principal_axis",
            "cell_quadrature_measure", "zero_temperature_push",
            "zero_temperature_reference", "derive_sweep", "expand_sweep", "run_sweep_files", "run_suite",
@@ -52,9 +61,16 @@ BETA_PHASE = REPO / "solvers" / "sweeps" / "beta_phase.toml"
 PAPER_TABLE = REPO / "data" / "paper_table.csv"
 ABLATION_MATRICES = REPO / "data" / "ablation_matrices.toml"
 
+PAPER_TOKENS = REPO / "solvers" / "sweeps" / "paper_tokens.toml"
+PAPER_TOKENS_N = REPO / "solvers" / "sweeps" / "paper_tokens_n.toml"
+# the meshes of paper_beta: the resolution of the report and half of it (and, slow, twice it)
+FULL_NSIDES, SLOW_NSIDES, QUICK_NSIDES = (8, 16), (8, 16, 32), (4, 8)
+
 # CI-sized runs of --quick
-QUICK_BASE = {"eulerian.nside": 8, "particles.n": 300, "particles.dt": 0.02,
-              "time.t_end": 8.0, "time.save_every": 0.2}
+QUICK_BASE = {"particles.dt": 0.05, "time.t_end": 8.0, "time.save_every": 0.2}
+QUICK_TOKENS = {"particles.n": 300}
+QUICK_N = [100, 300]
+QUICK_SEEDS = [1, 2, 3]
 QUICK_BETAS = [10.0, "inf"]
 QUICK_PHASE_RUNS = 4
 ONSET_TOL = 1e-9  # F must exceed E by more than round-off
@@ -308,7 +324,9 @@ def _fmt_t(x):
 
 
 class Case:
-    """One run of a sweep: its spec, run Dataset, β, initial-law label, case label, metrics."""
+    """One run of a sweep: its spec, run Dataset, β, initial-law label, case label, metrics per
+    solver ("eulerian": the density with atoms; "particles": the particles in the run, tokens or
+    quadrature particles, `particle_mode`). A run of tokens alone has nside None."""
 
     def __init__(self, spec, ds, path):
         from spherepde.config import build_initial_law, build_model
@@ -318,8 +336,12 @@ class Case:
         self.beta = _beta(cfg["model"]["beta"])
         self.law = _label(spec.params["initial"]) if "initial" in spec.params else cfg["initial"]["kind"]
         self.case = _label(spec.params["model"]) if "model" in spec.params else None
-        self.nside = int(cfg["eulerian"]["nside"])
-        self.n_tokens = int(cfg["particles"]["n"]) if cfg.get("particles") else 0
+        eulerian = cfg["eulerian"].get("enabled", True)
+        self.nside = int(cfg["eulerian"]["nside"]) if eulerian else None
+        pt = cfg.get("particles")
+        self.particle_mode = pt["mode"] if pt else None
+        self.n_tokens = int(pt["n"]) if pt and pt["mode"] == "tokens" else 0
+        self.seed = int(pt["seed"]) if pt and pt["mode"] == "tokens" else None
         self.model = build_model(cfg["model"])
         self.initial_law = build_initial_law(cfg["initial"])
         self.complete = int(ds.attrs.get("complete", 0)) == 1
@@ -328,11 +350,16 @@ class Case:
         self.t_end = float(times[-1])
         self.t_planned = float(cfg["time"]["t_end"])
         self.metrics = {}
-        for who, prefix in (("eulerian", ""), ("tokens", "particle_")):
+        for who, prefix in (("eulerian", ""), ("particles", "particle_")):
             if prefix + "alignment_E" not in ds:
                 continue
             self.metrics[who] = {"max_E": max_alignment(ds, prefix), "onset": f_phase_onset(ds, prefix),
                                  "w2_min": u_curve_minimum(ds, prefix)}
+
+    @property
+    def particle_label(self):
+        return {"tokens": f"tokens (n = {self.n_tokens})", "quadrature": "quadrature particles"}.get(
+            self.particle_mode, "particles")
 
 
 def collect(specs, out_dir):
@@ -381,17 +408,18 @@ def _log_density(values, floor=1e-5):
     return np.log10(np.maximum(v, top * floor))
 
 
-def _token_map(points, nside=8):
+def _token_map(points, weights, nside=8):
+    """The particles' mass per HEALPix cell over its area (sr⁻¹)."""
     import healpy as hp
 
     pts = np.asarray(points)
     pix = hp.vec2pix(nside, pts[:, 0], pts[:, 1], pts[:, 2], nest=True)
     npix = 12 * nside * nside
-    return np.bincount(pix, minlength=npix) / (pts.shape[0] * 4 * math.pi / npix)
+    return np.bincount(pix, weights=weights, minlength=npix) / (4 * math.pi / npix)
 
 
 def figure_law(cases, law, nside, references, path):
-    """Rows β; columns: alignment (Eulerian), alignment (tokens), W₂ to Π#ρ₀ (Eulerian), (tokens);
+    """Rows β; columns: alignment (Eulerian), alignment (particles), W₂ to Π#ρ₀ (Eulerian), (particles);
     theory on the same axes: β = ∞ exact curves, the bound √(2V_p(ρ₀))e^{−pγt/σ_max}, t = log β."""
     plt = _plt()
     rows = sorted([c for c in cases if c.law == law and c.nside == nside], key=lambda c: c.beta)
@@ -402,12 +430,12 @@ def figure_law(cases, law, nside, references, path):
         ds = _regular(c.ds)
         t = ds.time.values
         ref = references.get(law)
-        for j, (who, prefix) in enumerate((("Eulerian", ""), ("tokens", "particle_"))):
+        for j, (who, prefix) in enumerate((("Eulerian", ""), (c.particle_label, "particle_"))):
             ax = axes[r, j]
             if prefix + "alignment_E" in ds:
                 ax.plot(t, ds[prefix + "alignment_E"], "C0", label="alignment with E")
                 ax.plot(t, ds[prefix + "alignment_F"], "C1", label="alignment with F")
-                onset = c.metrics["eulerian" if not prefix else "tokens"]["onset"]
+                onset = c.metrics["eulerian" if not prefix else "particles"]["onset"]
                 if np.isfinite(onset):
                     ax.axvline(onset, color="C1", lw=0.8, ls=":", label=f"F-onset {onset:.1f}")
             if ref is not None:
@@ -432,7 +460,7 @@ def figure_law(cases, law, nside, references, path):
                 ax.legend(fontsize=6, loc="best")
     for ax in axes[-1]:
         ax.set_xlabel("t", fontsize=8)
-    fig.suptitle(f"initial law {law}, Eulerian nside {nside} | tokens n = {rows[0].n_tokens}", fontsize=9)
+    fig.suptitle(f"initial law {law}, Eulerian + atoms nside {nside} | {rows[0].particle_label}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=72)
     plt.close(fig)
@@ -440,8 +468,8 @@ def figure_law(cases, law, nside, references, path):
 
 
 def figure_ablation(cases, path):
-    """Per case: alignment time series (Eulerian solid, tokens dashed), Eulerian density at
-    t = log β and at the end, token density (HEALPix-16 histogram) at the end; log₁₀ colour."""
+    """Per case: alignment time series (Eulerian solid, particles dashed), Eulerian density at
+    t = log β and at the end, the particles' density (HEALPix-8 histogram) at the end; log₁₀ colour."""
     from spherepde.plots import mollweide
 
     plt = _plt()
@@ -456,8 +484,8 @@ def figure_ablation(cases, path):
         ax.plot(t, ds.alignment_E, "C0", label="E")
         ax.plot(t, ds.alignment_F, "C1", label="F")
         if "particle_alignment_E" in ds:
-            ax.plot(t, ds.particle_alignment_E, "C0--", label="E tokens")
-            ax.plot(t, ds.particle_alignment_F, "C1--", label="F tokens")
+            ax.plot(t, ds.particle_alignment_E, "C0--", label="E particles")
+            ax.plot(t, ds.particle_alignment_F, "C1--", label="F particles")
         if math.isfinite(c.beta):
             ax.axvline(math.log(c.beta), color="grey", lw=0.8, ls="-.")
         ax.set_ylim(-0.02, 1.02)
@@ -472,8 +500,9 @@ def figure_ablation(cases, path):
             mollweide(_log_density(ds.density.values[k]), ax=axes[r, j], colorbar=False, xsize=300,
                       title=f"log₁₀ f (Eulerian), t = {t[k]:.1f}")
         if "positions" in ds:
-            mollweide(_log_density(_token_map(ds.positions.values[-1]), floor=1e-3), ax=axes[r, 3],
-                      colorbar=False, xsize=300, title=f"log₁₀ token density (HEALPix-8 bins), t = {t[-1]:.1f}")
+            particles = _token_map(ds.positions.values[-1], ds.particle_weights.values)
+            mollweide(_log_density(particles, floor=1e-3), ax=axes[r, 3], colorbar=False, xsize=300,
+                      title=f"log₁₀ particle density (HEALPix-8 bins), t = {t[-1]:.1f}")
         else:
             axes[r, 3].set_axis_off()
     fig.tight_layout()
@@ -535,7 +564,7 @@ def _ablation_rows(cases):
         ds = _regular(c.ds)
         t_early = math.log(c.beta) if math.isfinite(c.beta) else 2.0
         m = c.model
-        axis, frac = principal_axis(_centroids(c.nside), ds.density.values[-1])
+        axis, frac = principal_axis(*_eulerian_measure(ds, -1, c.nside))
         row = {
             "case": c.case, "eig": ", ".join(_complex_text(z) for z in m.E.eigenvalues),
             "dimE": m.E.dim, "E": _basis_text(m.E.basis), "F": _basis_text(m.F.basis), "gap": m.gap,
@@ -568,46 +597,116 @@ def _axis_text(axis, frac):
     return "±(" + ", ".join(f"{v:.2f}" for v in axis) + f") [{frac:.2f}]"
 
 
-def _main_table(cases_by_nside, paper_rows, law="uniform"):
-    lines = ["| β | paper: max alignment E | ours: max alignment E, Eulerian (t) | ours: tokens (t) "
-             "| paper: F-phase onset | ours: F-onset, Eulerian | ours: tokens | mesh, tokens |",
-             "|---|---|---|---|---|---|---|---|"]
-    shown = {n: cs for n, cs in cases_by_nside.items() if any(c.law == law for c in cs)} or cases_by_nside
+def _metric(case, who, name):
+    """One of the three metrics of a case's solver ("eulerian" | "particles"), NaN if absent."""
+    m = case.metrics.get(who) if case is not None else None
+    if m is None:
+        return math.nan
+    return {"onset": m["onset"], "max_E": m["max_E"][0], "w2_min": m["w2_min"][0]}[name]
+
+
+def _with_difference(fine, coarse, digits=3):
+    """'value [Δ d]': the value on the finest mesh and its difference to the mesh of half the
+    resolution (the resolution error a reader should read the value with)."""
+    if not np.isfinite(fine):
+        return "none" if coarse is not None and not np.isfinite(coarse) else "—"
+    if coarse is None:
+        return f"{fine:.{digits}f}"
+    if not np.isfinite(coarse):
+        return f"{fine:.{digits}f} [none at half the resolution]"
+    return f"{fine:.{digits}f} [Δ {fine - coarse:+.1e}]"
+
+
+def token_groups(token_cases):
+    """{(law, β, n): [cases]} of the token ensembles (runs of tokens alone)."""
+    return group_by(token_cases, lambda c: (c.law, c.beta, c.n_tokens))
+
+
+def _token_cell(groups, law, beta, name, n=None, digits=3):
+    """mean ± 95 % of a metric over the seeds of (law, β[, n]); the F-onset with its count."""
+    runs = [c for (lw, b, k), cs in groups.items() if lw == law and b == beta and (n is None or k == n) for c in cs]
+    if not runs:
+        return "not run"
+    values = [_metric(c, "particles", name) for c in runs]
+    if name == "onset":
+        return onset_text(values)
+    return interval_text(interval(values), digits)
+
+
+def _main_table(cases_by_nside, groups, paper_rows, law="uniform"):
+    """The paper's rows beside ours: Eulerian + atoms on the finest mesh with its difference to
+    half the resolution, the quadrature particles of that mesh, the token ensemble."""
+    with_law = sorted(n for n, cs in cases_by_nside.items() if any(c.law == law for c in cs))
+    if not with_law:
+        return [f"No {law}-law run."]
+    fine, coarse = with_law[-1], (with_law[-2] if len(with_law) > 1 else None)
+    n_tok = sorted({k for (lw, _, k) in groups if lw == law})
+    tok_head = f"tokens n = {n_tok[0]}, mean ± 95 %" if len(n_tok) == 1 else "tokens, mean ± 95 %"
+    lines = [f"| β | paper: max alignment E | Eulerian + atoms, nside {fine} [Δ to nside {coarse}] "
+             f"| quadrature particles, nside {fine} | {tok_head} | paper: F-phase onset "
+             f"| Eulerian + atoms [Δ] | quadrature particles | {tok_head} (seeds with an onset) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def find(nside, beta):
+        match = [c for c in cases_by_nside.get(nside, []) if c.law == law and c.beta == beta]
+        return match[0] if match else None
+
     for prow in paper_rows:
         beta = _beta(prow["beta"])
-        for nside, cases in sorted(shown.items()):
-            match = [c for c in cases if c.law == law and c.beta == beta]
-            if not match:
-                lines.append(f"| {_beta_text(beta)} | {prow['max_alignment_E']} | not run | not run "
-                             f"| {prow['f_phase_onset']} | not run | not run | nside {nside} |")
-                continue
-            c = match[0]
-            e, tok = c.metrics.get("eulerian", {}), c.metrics.get("tokens", {})
-            partial = "" if c.complete else f" (to t = {c.t_end:g})"
-            lines.append(
-                f"| {_beta_text(beta)} | {prow['max_alignment_E']} | {_fmt(e['max_E'][0])} ({_fmt_t(e['max_E'][1])}) | "
-                + (f"{_fmt(tok['max_E'][0])} ({_fmt_t(tok['max_E'][1])})" if tok else "—")
-                + f" | {prow['f_phase_onset']} | {_fmt_t(e['onset'])} | "
-                + (_fmt_t(tok['onset']) if tok else "—")
-                + f" | nside {c.nside}, n = {c.n_tokens}, t ≤ {c.t_end:g}{partial} |")
+        c, cc = find(fine, beta), (find(coarse, beta) if coarse else None)
+        cells = []
+        for name, paper in (("max_E", prow["max_alignment_E"]), ("onset", prow["f_phase_onset"])):
+            digits = 4 if name == "max_E" else 2
+            e = _with_difference(_metric(c, "eulerian", name), _metric(cc, "eulerian", name) if cc else None,
+                                 digits) if c else "not run"
+            part = _fmt(_metric(c, "particles", name), digits) if c else "not run"
+            if name == "onset" and c is not None and not np.isfinite(_metric(c, "particles", name)):
+                part = "none"
+            cells += [paper, e, part, _token_cell(groups, law, beta, name, digits=digits)]
+        lines.append(f"| {_beta_text(beta)} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _full_table(cases):
-    lines = ["| law | β | nside | max align E, Eul. (t) | tokens (t) | F-onset Eul. | tokens "
-             "| min W₂ Eul. (t) | tokens (t) | t_end | wall (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c in sorted(cases, key=lambda c: (c.law, c.nside, c.beta)):
-        e, tok = c.metrics["eulerian"], c.metrics.get("tokens")
+def _convergence_table(beta_cases, groups):
+    """Per law, β and metric: the Eulerian solver with atoms and the quadrature particles over the
+    meshes (differences, observed order), and the token ensemble."""
+    nsides = sorted({c.nside for c in beta_cases})
+    mesh_text = " / ".join(map(str, nsides))
+    lines = [f"| law | β | quantity | Eulerian + atoms (nside {mesh_text}) | differences | order "
+             f"| quadrature particles (nside {mesh_text}) | differences | order | tokens, mean ± 95 % (n; seeds) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (law, beta), runs in sorted(by_law_and_beta(beta_cases).items()):
+        for (label, _), name in zip(METRICS, ("onset", "max_E", "w2_min")):
+            eul = {n: _metric(c, "eulerian", name) for n, c in runs.items()}
+            part = {n: _metric(c, "particles", name) for n, c in runs.items()}
+            ns = sorted({k for (lw, b, k) in groups if lw == law and b == beta})
+            tok = "; ".join(f"{_token_cell(groups, law, beta, name, n)} (n = {n}; "
+                            f"{len(groups[(law, beta, n)])})" for n in ns) or "not run"
+            lines.append(f"| {law} | {_beta_text(beta)} | {label} | " + " | ".join(convergence_cells(eul)) + " | "
+                         + " | ".join(convergence_cells(part)) + f" | {tok} |")
+    return lines
 
-        def pair(v):
-            return f"{_fmt(v[0])} ({_fmt_t(v[1])})"
 
-        lines.append(f"| {c.law} | {_beta_text(c.beta)} | {c.nside} | {pair(e['max_E'])} | "
-                     f"{pair(tok['max_E']) if tok else '—'} | {_fmt_t(e['onset'])} | "
-                     f"{_fmt_t(tok['onset']) if tok else '—'} | {pair(e['w2_min'])} | "
-                     f"{pair(tok['w2_min']) if tok else '—'} | {c.t_end:g}{'' if c.complete else ' (partial)'} "
-                     f"| {c.wall:.0f} |")
+def _n_table(n_cases, mean_field):
+    """The token F-onset (and max alignment, min W₂) against n, over seeds; the mean-field value
+    beside it. mean_field: [(label, Case, solver)] of mean-field runs of the same law and β."""
+    if not n_cases:
+        return []
+    groups = token_groups(n_cases)
+    (law, beta, _), *_ = groups
+    lines = [f"{law} law, β = {_beta_text(beta)}: each row is an ensemble of seeds, mean ± its 95 % interval "
+             "(Student t) and the standard deviation of one sample's F-onset.", "",
+             "| n | seeds | F-onset: mean ± 95 % (seeds with an onset) | std of one sample | max alignment E "
+             "| min W₂(ρ_t, Π#ρ₀) |", "|---|---|---|---|---|---|"]
+    for (_, _, n), cs in sorted(groups.items(), key=lambda kv: kv[0][2]):
+        onsets = [_metric(c, "particles", "onset") for c in cs]
+        iv = interval(onsets)
+        lines.append(f"| {n} | {len(cs)} | {onset_text(onsets)} | {_fmt(iv.std, 2)} | "
+                     f"{interval_text(interval([_metric(c, 'particles', 'max_E') for c in cs]), 4)} | "
+                     f"{interval_text(interval([_metric(c, 'particles', 'w2_min') for c in cs]), 4)} |")
+    for label, c, who in mean_field:
+        lines.append(f"| mean field: {label} | — | {_fmt(_metric(c, who, 'onset'), 2)} | — "
+                     f"| {_fmt(_metric(c, who, 'max_E'), 4)} | {_fmt(_metric(c, who, 'w2_min'), 4)} |")
     return lines
 
 
@@ -622,14 +721,27 @@ def _centroids(nside):
     return _MESHES[nside]
 
 
+def _eulerian_measure(ds, k, nside):
+    """(points, weights) of the Eulerian measure of snapshot k: the cell centroids with f·A, and
+    the atoms with their masses."""
+    points, weights = _centroids(nside), ds.density.values[k] * (4 * math.pi / (12 * nside**2))
+    if "atom_mass" in ds:
+        masses = ds.atom_mass.values[k]
+        live = masses > 0
+        points = np.concatenate([points, ds.atom_position.values[k][live]])
+        weights = np.concatenate([weights, masses[live]])
+    return points, weights
+
+
 def _axes_table(cases):
-    """Where the mass is: the principal axis of ∫xxᵀdρ_t [its eigenvalue] of the Eulerian density
-    and of the tokens at t_end/4, t_end/2, 3t_end/4, t_end (uniform law, each β)."""
+    """Where the mass is: the principal axis of ∫xxᵀdρ_t [its eigenvalue] of the Eulerian measure
+    (density and atoms) and of the particles at t_end/4, t_end/2, 3t_end/4, t_end (uniform law,
+    each β)."""
     rows = sorted([c for c in cases if c.law == "uniform"], key=lambda c: (c.nside, c.beta))
     if not rows:
         return []
     fracs = (0.25, 0.5, 0.75, 1.0)
-    lines = ["| β | nside | " + " | ".join(f"t = {f:g}·t_end: Eulerian; tokens" for f in fracs) + " |",
+    lines = ["| β | nside | " + " | ".join(f"t = {f:g}·t_end: Eulerian; particles" for f in fracs) + " |",
              "|---|---|" + "---|" * len(fracs)]
     for c in rows:
         ds = _regular(c.ds)
@@ -637,7 +749,7 @@ def _axes_table(cases):
         cells = []
         for f in fracs:
             k = int(np.abs(t - f * c.t_planned).argmin())
-            e = _axis_text(*principal_axis(_centroids(c.nside), ds.density.values[k]))
+            e = _axis_text(*principal_axis(*_eulerian_measure(ds, k, c.nside)))
             tok = (_axis_text(*principal_axis(ds.positions.values[k], ds.particle_weights.values))
                    if "positions" in ds else "—")
             cells.append(f"{e}; {tok} (t = {t[k]:.1f})")
@@ -662,71 +774,89 @@ def _references(cases, quick):
     return refs
 
 
-def _resolution_lines(cases_by_nside):
-    """The Eulerian metrics of every (law, β) run at more than one nside."""
-    groups = {}
-    for nside, cases in cases_by_nside.items():
-        for c in cases:
-            groups.setdefault((c.law, c.beta), []).append(c)
+def _law_lines(cases_by_nside, groups):
+    """Per initial law, on the finest mesh: max alignment with E / F-onset per β of the Eulerian
+    solver, the quadrature particles and the token ensemble (means)."""
+    if not cases_by_nside:
+        return []
+    nside = max(cases_by_nside)
     lines = []
-    for (law, beta), cases in sorted(groups.items()):
-        if len(cases) < 2:
-            continue
+    for law in sorted({c.law for c in cases_by_nside[nside]}):
+        cs = sorted([c for c in cases_by_nside[nside] if c.law == law], key=lambda c: c.beta)
         parts = []
-        for c in sorted(cases, key=lambda c: c.nside):
-            e = c.metrics["eulerian"]
-            parts.append(f"nside {c.nside}: max alignment E {_fmt(e['max_E'][0])} (t = {_fmt_t(e['max_E'][1])}), "
-                         f"F-onset {_fmt_t(e['onset'])}, min W₂ {_fmt(e['w2_min'][0])}"
-                         + ("" if c.complete else f" (run to t = {c.t_end:g} only)"))
-        lines.append(f"  Measured, {law}, β = {_beta_text(beta)}, Eulerian: " + "; ".join(parts) + ".")
+        for who, label in (("eulerian", "Eulerian + atoms"), ("particles", "quadrature particles")):
+            parts.append(label + " " + ", ".join(f"{_beta_text(c.beta)}: {_fmt(_metric(c, who, 'max_E'), 3)} / "
+                                                 f"{_fmt_t(_metric(c, who, 'onset'))}" for c in cs))
+        tok = ", ".join(f"{_beta_text(c.beta)}: {_token_cell(groups, law, c.beta, 'max_E', digits=3)} / "
+                        f"{_token_cell(groups, law, c.beta, 'onset')}" for c in cs
+                        if any(lw == law and b == c.beta for lw, b, _ in groups))
+        if tok:
+            parts.append("tokens " + tok)
+        partial = "" if all(c.complete for c in cs) else " (some runs not finished)"
+        lines.append(f"  - {law}, nside {nside}{partial} — max alignment E / F-onset per β: " + "; ".join(parts) + ".")
     return lines
 
 
-def _law_lines(cases_by_nside):
-    """Per nside and initial law: max alignment with E and F-onset per β, Eulerian and tokens."""
-    lines = []
-    for nside in sorted(cases_by_nside):
-        for law in sorted({c.law for c in cases_by_nside[nside]}):
-            cs = sorted([c for c in cases_by_nside[nside] if c.law == law], key=lambda c: c.beta)
-            eul = ", ".join(f"{_beta_text(c.beta)}: {_fmt(c.metrics['eulerian']['max_E'][0], 2)} / "
-                            f"{_fmt_t(c.metrics['eulerian']['onset'])}" for c in cs)
-            tok = ", ".join(f"{_beta_text(c.beta)}: {_fmt(c.metrics['tokens']['max_E'][0], 2)} / "
-                            f"{_fmt_t(c.metrics['tokens']['onset'])}" for c in cs if "tokens" in c.metrics)
-            partial = "" if all(c.complete for c in cs) else " (some runs not finished)"
-            lines.append(f"  - {law}, nside {nside}{partial} — max alignment E / F-onset per β: Eulerian {eul}"
-                         + (f"; tokens {tok}" if tok else "") + ".")
-    return lines
-
-
-def _ordering_lines(cases_by_nside):
+def _ordering_lines(cases_by_nside, groups):
     """Does our β-ordering agree with the paper's (max alignment with E and the F-onset both grow
-    with β; no onset at β = ∞)? Per nside, law and solver."""
-    lines = []
+    with β; no onset at β = ∞)? Per nside, law and solver, and for the token ensembles (means)."""
+    series = []
     for nside in sorted(cases_by_nside):
         for law in sorted({c.law for c in cases_by_nside[nside]}):
             cs = sorted([c for c in cases_by_nside[nside] if c.law == law], key=lambda c: c.beta)
-            if len(cs) < 2:
-                continue
-            for who in ("eulerian", "tokens"):
-                if not all(who in c.metrics for c in cs):
-                    continue
-                peak = [c.metrics[who]["max_E"][0] for c in cs]
-                onset = [c.metrics[who]["onset"] if np.isfinite(c.metrics[who]["onset"]) else math.inf for c in cs]
-                up_peak = all(b >= a - 5e-4 for a, b in zip(peak, peak[1:]))
-                up_onset = all(b >= a for a, b in zip(onset, onset[1:]))
-                some = any(np.isfinite(o) for o in onset)
-                lines.append(f"| {law} | {nside} | {who} | {'yes' if up_peak else 'no'} | "
-                             f"{('yes' if up_onset else 'no') if some else 'no onset at any β'} |")
+            for who, label in (("eulerian", "Eulerian + atoms"), ("particles", "quadrature particles")):
+                if all(who in c.metrics for c in cs):
+                    series.append((law, str(nside), label, [_metric(c, who, "max_E") for c in cs],
+                                   [_metric(c, who, "onset") for c in cs]))
+    for law in sorted({lw for lw, _, _ in groups}):
+        for n in sorted({k for lw, _, k in groups if lw == law}):
+            keys = sorted((key for key in groups if key[0] == law and key[2] == n), key=lambda key: key[1])
+            peaks = [interval([_metric(c, "particles", "max_E") for c in groups[key]]).mean for key in keys]
+            onsets = [interval([_metric(c, "particles", "onset") for c in groups[key]]).mean for key in keys]
+            series.append((law, "—", f"tokens n = {n} (means over seeds)", peaks, onsets))
+    lines = []
+    for law, nside, label, peak, onset in series:
+        if len(peak) < 2:
+            continue
+        onset = [o if np.isfinite(o) else math.inf for o in onset]
+        up_peak = all(b >= a - 5e-4 for a, b in zip(peak, peak[1:]))
+        up_onset = all(b >= a for a, b in zip(onset, onset[1:]))
+        some = any(np.isfinite(o) for o in onset)
+        lines.append(f"| {law} | {nside} | {label} | {'yes' if up_peak else 'no'} | "
+                     f"{('yes' if up_onset else 'no') if some else 'no onset at any β'} |")
     if not lines:
         return []
     return (["| law | nside | solver | max alignment E grows with β (±5e-4) | F-onset grows with β (none = ∞) |",
              "|---|---|---|---|---|"] + lines)
 
 
-def _disagreement(cases_by_nside, paper_rows, ablation_rows, quick):
+def _resolution_summary(beta_cases):
+    """The largest F-onset change between the two finest meshes and the largest gap between the
+    Eulerian solver and the quadrature particles on the finest, over the cases."""
+    worst_mesh, worst_gap = (0.0, None), (0.0, None)
+    for (law, beta), runs in by_law_and_beta(beta_cases).items():
+        ns = sorted(runs)
+        fine = runs[ns[-1]]
+        e = _metric(fine, "eulerian", "onset")
+        if len(ns) > 1:
+            d = abs(e - _metric(runs[ns[-2]], "eulerian", "onset")) / e if np.isfinite(e) else math.nan
+            if np.isfinite(d) and d > worst_mesh[0]:
+                worst_mesh = (d, f"{law}, β = {_beta_text(beta)}, nside {ns[-2]} → {ns[-1]}")
+        g = abs(e - _metric(fine, "particles", "onset")) / e if np.isfinite(e) else math.nan
+        if np.isfinite(g) and g > worst_gap[0]:
+            worst_gap = (g, f"{law}, β = {_beta_text(beta)}, nside {ns[-1]}")
+    lines = []
+    if worst_mesh[1]:
+        lines.append(f"  Measured: the largest change of a finite Eulerian F-onset between the two finest meshes is "
+                     f"{100 * worst_mesh[0]:.1f} % ({worst_mesh[1]}); the largest gap between the Eulerian solver and "
+                     f"the quadrature particles on the finest mesh is {100 * worst_gap[0]:.1f} % ({worst_gap[1]}).")
+    return lines
+
+
+def _disagreement(cases_by_nside, groups, n_groups, paper_rows, ablation_rows, quick):
     with_uniform = [n for n, cs in cases_by_nside.items() if any(c.law == "uniform" for c in cs)]
     finest = max(with_uniform) if with_uniform else None
-    uni = [c for c in cases_by_nside.get(finest, []) if c.law == "uniform"]
+    uni = sorted([c for c in cases_by_nside.get(finest, []) if c.law == "uniform"], key=lambda c: c.beta)
     lines = ["## Where we disagree with the paper and why", ""]
     if quick:
         lines += ["This is a quick (CI-sized) run: the numbers below are not a reproduction.", ""]
@@ -739,46 +869,54 @@ def _disagreement(cases_by_nside, paper_rows, ablation_rows, quick):
         "what can be compared is the ordering in β and the times.",
         "- **Mean field versus n tokens: the F-phase starts from a broken symmetry.** For two antipodal "
         "atoms pδ_z + (1 − p)δ_{−z} the softmax mean at z is m(z) = tanh(β zᵀBz + ½log(p/(1 − p))) z, so the "
-        "atoms move with v(z) = tanh(β zᵀBz + ½log(p/(1 − p))) P_z(Vz) (DESIGN.md §1 field). At z = e₁, "
-        "zᵀBz = −1 and the factor is ≈ −1 once β ≳ 3: the pair follows −∇_S(½zᵀVz), and zᵀVz (−1 at e₁, −2 at "
-        "e₃) decreases towards e₃, so ±e₁ is unstable — an offset δ along e₃ grows like e^{t}, at a rate ≈ 1 "
-        "for every such β. The pair stops where the factor vanishes, zᵀBz ≈ 0, i.e. at ±(e₁ ± e₃)/√2 when "
-        "p ≈ ½ (alignment with E ½, with F 0); F is reached only after that, driven by p − ½ and the spread of "
-        "the atoms. The uniform law, the paper's diagonal matrices and the HEALPix mesh are symmetric under "
-        "x₃ → −x₃ (and x₂ → −x₂), so the Eulerian density stays symmetric: its atoms at ±e₁ have no offset "
-        "to grow, and it stays on E. n tokens carry a sampling offset ∝ 1/√n and leave E after ≈ log(1/offset) "
-        "time units, for β = 10 and β = 30 alike (the table \"Where the mass is\" shows the tokens' "
-        "pair turning to ±(e₁ + e₃)/√2 and then to F). At β = ∞ the tokens follow the hardmax rule (one "
-        "selected token instead of a softmax average: the factor above does not apply); ours did not leave E "
-        "by t = 20, like the paper's β = ∞ row. So the "
-        "F-onset of the tokens depends on n and on the seed, and that of the mean field on the symmetry of "
-        "the initial law; the paper's n and law are not published in our sources (ours: n = 2000 in the "
-        "full set, seed 1 for every run).",
+        "atoms move with v(z) = tanh(β zᵀBz + ½log(p/(1 − p))) P_z(Vz). At z = e₁, zᵀBz = −1 and the factor "
+        "is ≈ −1 once β ≳ 3: the pair follows −∇_S(½zᵀVz), and zᵀVz (−1 at e₁, −2 at e₃) decreases towards e₃, "
+        "so ±e₁ is unstable — an offset δ along e₃ grows like e^{t}, at a rate ≈ 1 for every such β. The pair "
+        "stops where the factor vanishes, zᵀBz ≈ 0, i.e. at ±(e₁ ± e₃)/√2 when p ≈ ½ (alignment with E ½, "
+        "with F 0); F is reached only after that, driven by p − ½ and the spread of the atoms. The uniform "
+        "law, the paper's diagonal matrices and the HEALPix mesh are symmetric under x₃ → −x₃ (and x₂ → −x₂), "
+        "so the mean field keeps that symmetry: its clusters at ±e₁ have no offset to grow, and it stays on "
+        "E (no F-onset for the uniform law in either mean-field column). n tokens carry a sampling offset "
+        "∝ 1/√n and leave E after ≈ log(1/offset) time units: their F-onset is a random variable, given here "
+        "as a mean over seeds with its 95 % interval, and it grows with n (about ½ log n / rate). At β = ∞ the "
+        "tokens follow the hardmax rule (one selected token instead of a softmax average: the factor above "
+        "does not apply). The paper's n and law are not published in our sources.",
     ]
     if uni:
-        eul_onsets = [(c.beta, c.metrics["eulerian"]["onset"]) for c in uni]
-        tok_onsets = [(c.beta, c.metrics.get("tokens", {}).get("onset", math.nan)) for c in uni]
-        lines.append("  Measured here (uniform law, nside " + str(finest) + "): F-onset Eulerian "
-                     + ", ".join(f"β = {_beta_text(b)}: {_fmt_t(o)}" for b, o in sorted(eul_onsets))
-                     + "; tokens " + ", ".join(f"β = {_beta_text(b)}: {_fmt_t(o)}" for b, o in sorted(tok_onsets)) + ".")
+        lines.append("  Measured here (uniform law): F-onset of the Eulerian solver with atoms (nside " + str(finest) + ") "
+                     + ", ".join(f"β = {_beta_text(c.beta)}: {_fmt_t(_metric(c, 'eulerian', 'onset'))}" for c in uni)
+                     + "; tokens " + ", ".join(f"β = {_beta_text(c.beta)}: {_token_cell(groups, 'uniform', c.beta, 'onset')}"
+                                               for c in uni) + ".")
+    if n_groups:
+        rows = sorted(n_groups.items(), key=lambda kv: kv[0][2])
+        (law, beta, _), _ = rows[0]
+        lines.append(f"  For the {law} law at β = {_beta_text(beta)} (no symmetry: the mean field has an F-onset) the "
+                     "tokens' onset against n: " + ", ".join(
+                         f"n = {n}: {onset_text([_metric(c, 'particles', 'onset') for c in cs])}"
+                         for (_, _, n), cs in rows) + " (table \"Tokens against n\").")
     lines += [
         "- **The initial law.** The paper's token law is not published in our sources. We report "
         "three (uniform, a projected normal, a vMF, chosen before any run); the projected normal and the "
         "vMF have no reflection symmetry, so the mean field can leave E too, and the onsets depend on the law:",
     ]
-    lines += _law_lines(cases_by_nside)
+    lines += _law_lines(cases_by_nside, groups)
     lines += [
-        "- **Resolution.** On HEALPix nside N a cell is ≈ 1.0/N rad wide (nside 16: 3.7°, nside 32: "
-        "1.8°). The concentrated atoms are one or two cells wide, so the maximal alignment of the "
-        "Eulerian solution is limited by the mesh (it reaches 1 − O(cell²)), W₂ to Π#ρ₀ levels "
-        "off at the cell size instead of decaying like the β = ∞ bound, and numerical diffusion damps "
-        "the small asymmetric perturbations from which the departure from E grows (non-symmetric laws).",
+        "- **Resolution.** The clusters shrink like e^{−ct} and fall below any cell; the Eulerian solver "
+        "carries them as atoms, point masses at exact positions (docs/atoms.md, validated in "
+        "validation/reports/atoms/). Every Eulerian number above is given with its difference to the same run "
+        "at half the resolution, and beside it the quadrature particles of the same mesh (one per cell, no "
+        "numerical diffusion): two discretisations of the same mean-field limit.",
     ]
-    lines += _resolution_lines(cases_by_nside)
+    lines += _resolution_summary([c for cs in cases_by_nside.values() for c in cs])
     lines += [
-        "- **Time stepping and β.** Tokens use RK4 with a fixed dt (0.01 in the full set), the "
-        "paper uses its normalised Euler step with an unpublished step; at β = ∞ our tokens use the "
-        "hardmax rule over tokens and the Eulerian solver the local limit field.",
+        "  Where the two disagree at β ≥ 30 the quadrature particles are not the better answer: the mean "
+        "field keeps a background density between the clusters that the particles cannot carry (they all "
+        "flow into the clusters), and at large β that background weighs on the clusters "
+        "(validation/reports/atoms/background.md).",
+        "- **Time stepping and β.** Tokens use RK4 with a fixed dt (0.01 in the full set); the paper uses its "
+        "normalised Euler step with an unpublished step. At β = 1000 the softmax is nearly discontinuous and "
+        "the tokens' step error is first order in dt (one sample's F-onset moved by 0.08 from dt 0.02 to 0.01). "
+        "At β = ∞ our tokens use the hardmax rule over tokens and the Eulerian solver the local limit field.",
         "- **Nothing was tuned to match:** the matrices and β are the paper's, the laws and n are "
         "stated above, the metrics are those of spherepde.diagnostics.",
     ]
@@ -790,18 +928,21 @@ def _disagreement(cases_by_nside, paper_rows, ablation_rows, quick):
     return lines + [""]
 
 
-def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper_rows):
-    """DIR/report.md and its figures from the collected cases."""
+def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper_rows, token_cases=(),
+                 n_cases=()):
+    """DIR/report.md and its figures from the collected cases (token_cases: the token ensembles of
+    paper_tokens; n_cases: those of paper_tokens_n)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cases_by_nside = {}
     for c in beta_cases:
         cases_by_nside.setdefault(c.nside, []).append(c)
+    groups, n_groups = token_groups(token_cases), token_groups(n_cases)
     lines = ["# Reproducing the seed paper: concentration on E, then the F-phase", ""]
     if quick:
-        lines += ["> **Quick run** (`--quick`): CI-sized runs (nside 8, 300 tokens, t ≤ 8, β ∈ {10, ∞} and "
-                  f"{QUICK_PHASE_RUNS} β of the phase diagram). They exercise the report machinery; "
-                  "they are not a reproduction of the paper.", ""]
+        lines += ["> **Quick run** (`--quick`): CI-sized runs (nside 4 and 8, 300 tokens over 3 seeds, t ≤ 8, "
+                  f"β ∈ {{10, ∞}} and {QUICK_PHASE_RUNS} β of the phase diagram). They exercise the report "
+                  "machinery; they are not a reproduction of the paper.", ""]
     lines += ["Paper: \"Quantifying Concentration Phenomena of Mean-Field Transformers in the Low-Temperature "
               "Regime\" (arXiv 2605.10931), V = diag(−1, 1, −2), B = diag(−1, −1, 1): M = VBᵀ = diag(1, −1, −2), "
               "E = span e₁, F = span e₂, Π#ρ₀ = p₊δ_{e₁} + p₋δ_{−e₁}.", "",
@@ -810,8 +951,8 @@ def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper
     lines += ["## Metrics (our definitions)", "",
               "- **alignment with E** (resp. F): ∫|Q_E x|² dρ_t, Q_E the orthogonal projector onto the principal "
               "eigenspace E of VBᵀ (resp. F of V) — `alignment_E`, `alignment_F` of the run files "
-              "(spherepde.diagnostics). Eulerian: the cell averages on an 8-point exact-area rule per cell; "
-              "tokens: the empirical measure.",
+              "(spherepde.diagnostics). Eulerian: the cell averages on an 8-point exact-area rule per cell, and "
+              "the atoms; particles and tokens: the empirical measure.",
               "- **max alignment with E (t)**: the maximum over the save times and the first time it is reached.",
               "- **F-phase onset**: the first time after that maximum at which the alignment with F exceeds the "
               "alignment with E (linear between save times); *none* if not by the end of the run.",
@@ -821,17 +962,26 @@ def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper
               "our diagnostics on a HEALPix quadrature), the bound √(2V_p(ρ₀))e^{−pγt/σ_max(B)} on W₂ at β = ∞ "
               "(p = ¼), and t = log β.", ""]
     lines += ["## The paper's table beside ours (uniform initial law)", ""]
-    lines += _main_table(cases_by_nside, paper_rows)
-    other = sorted(n for n, cs in cases_by_nside.items() if not any(c.law == "uniform" for c in cs))
-    if other:
-        lines += ["", f"nside {', '.join(map(str, other))}: no uniform-law run (other laws below)."]
+    lines += _main_table(cases_by_nside, groups, paper_rows)
     lines += ["", "Paper values from `data/paper_table.csv` (as quoted in DESIGN.md §1; the paper's metric, n and "
-              "initial law are not published in our sources).", ""]
-    order = _ordering_lines(cases_by_nside)
+              "initial law are not published in our sources). Eulerian + atoms: the mean field on the finest mesh, "
+              "[Δ] its change from the mesh of half the resolution; quadrature particles: the same mean field "
+              "discretised by one particle per cell of that mesh; tokens: n i.i.d. samples of ρ₀ over seeds, the "
+              "mean and its 95 % interval (Student t), the F-onset over the seeds that had one by t = 20.", ""]
+    order = _ordering_lines(cases_by_nside, groups)
     if order:
         lines += ["The paper's trend — the higher β, the higher the maximal alignment with E and the later the "
                   "F-phase, none at β = ∞ — checked on each of our series:", ""] + order + [""]
-    lines += ["## Every β and initial law", ""] + _full_table(beta_cases) + [""]
+    lines += ["## Every β and initial law: resolution, the two mean-field discretisations, the tokens", "",
+              "Orders are log₂ of the ratio of successive differences (three meshes needed; *not monotone* when "
+              "the differences change sign).", ""] + _convergence_table(beta_cases, groups) + [""]
+    if n_groups:
+        fine = max(cases_by_nside) if cases_by_nside else None
+        (law, beta, _), *_ = n_groups
+        twins = [c for c in cases_by_nside.get(fine, []) if c.law == law and c.beta == beta]
+        mean_field = [(f"{label}, nside {fine}", twins[0], who) for who, label in
+                      (("eulerian", "Eulerian + atoms"), ("particles", "quadrature particles"))] if twins else []
+        lines += ["## Tokens against n", ""] + _n_table(n_cases, mean_field) + [""]
     axes = _axes_table(beta_cases)
     if axes:
         lines += ["### Where the mass is (uniform law)", "",
@@ -848,7 +998,8 @@ def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper
     if abl_rows:
         c0 = ablation_cases[0]
         desc = _abl_description()
-        lines += [f"β = {_beta_text(c0.beta)}, uniform start, Eulerian nside {c0.nside}, n = {c0.n_tokens} tokens, "
+        lines += [f"β = {_beta_text(c0.beta)}, uniform start, Eulerian + atoms nside {c0.nside} and the "
+                  f"{c0.particle_label} of the same mesh, "
                   f"t ≤ {c0.t_end:g}. Matrices and why: data/ablation_matrices.md. Early: t = log β; "
                   "terminal: the last save time; axis: principal axis of ∫xxᵀdρ at the end [its eigenvalue: 1 "
                   "when all mass is on ±axis].", "",
@@ -856,8 +1007,8 @@ def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper
         for r in abl_rows:
             lines.append(f"| {r['case']} ({desc.get(r['case'], '')}) | {r['eig']} | {r['dimE']} | {r['E']} | {r['F']} "
                          f"| {r['gap']:.3g} | {r['flags']} |")
-        lines += ["", "| case | early: align E at log β, Eul. / tokens | min W₂ to Π#ρ₀ Eul. (t) "
-                  "| end: align E, F (Eul.) | end: align E, F (tokens) | end: axis Eul. | end: axis tokens |",
+        lines += ["", "| case | early: align E at log β, Eul. / particles | min W₂ to Π#ρ₀ Eul. (t) "
+                  "| end: align E, F (Eul.) | end: align E, F (particles) | end: axis Eul. | end: axis particles |",
                   "|---|---|---|---|---|---|---|"]
         for r in abl_rows:
             tok = (f"{_fmt(r['pE_end'])}, {_fmt(r['pF_end'])}" if "pE_end" in r else "—")
@@ -881,7 +1032,7 @@ def write_report(out, beta_cases, ablation_cases, phase, quick, runs_info, paper
                       "| F-onset (Eulerian) | " + " | ".join(_fmt_t(o) for _, o in onsets) + " |", ""]
     else:
         lines += ["Not run (no run files of solvers/sweeps/beta_phase.toml).", ""]
-    lines += _disagreement(cases_by_nside, paper_rows, abl_rows, quick)
+    lines += _disagreement(cases_by_nside, groups, n_groups, paper_rows, abl_rows, quick)
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return out / "report.md"
 
@@ -920,14 +1071,28 @@ def _sweep_into(path, out_dir, label, workers, say, info, run=True):
     return cases, combined
 
 
+def _token_sweeps(runs, quick, base_over, workers, say, info, run):
+    """The token ensembles: paper_tokens (every law and β, 8 seeds) and paper_tokens_n (one case,
+    n = 500 … 8000). Returns (token cases, n cases)."""
+    tag = "quick" if quick else "full"
+    token_over = dict(base_over, **QUICK_TOKENS) if quick else {}
+    grid = {"model.beta": QUICK_BETAS, "particles.seed": QUICK_SEEDS} if quick else None
+    path = derive_sweep(PAPER_TOKENS, runs / f"paper_tokens_{tag}", token_over, grid)
+    tokens = _sweep_into(path, path.parent, "paper_tokens (token ensembles)", workers, say, info, run)[0]
+    grid = {"particles.n": QUICK_N, "particles.seed": QUICK_SEEDS} if quick else None
+    path = derive_sweep(PAPER_TOKENS_N, runs / f"paper_tokens_n_{tag}", token_over, grid)
+    n_cases = _sweep_into(path, path.parent, "paper_tokens_n (tokens against n)", workers, say, info, run)[0]
+    return tokens, n_cases
+
+
 def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers=2, progress=True, run=True,
               ablation_nside=None, notes=()):
-    """Run (or reuse) the three sweeps and write OUT/report.md with its figures.
+    """Run (or reuse) the sweeps and write OUT/report.md with its figures.
 
-    quick: CI-sized runs (QUICK_BASE, β ∈ QUICK_BETAS, a few β of the phase diagram).
-    nsides: Eulerian meshes of paper_beta (one sweep each; the ablation runs on the finest);
-    default the sweep files' own (nside 32), [8] with quick. slow: also paper_beta at nside 16
-    beside the default, for a resolution comparison.
+    paper_beta (Eulerian with atoms and quadrature particles in lockstep) on each mesh of nsides
+    (default 8 and 16, with slow also 32; quick 4 and 8), the ablation on the finest, the token
+    ensembles (paper_tokens, paper_tokens_n) and beta_phase.
+    quick: CI-sized runs (QUICK_BASE, β ∈ QUICK_BETAS, 3 seeds, a few β of the phase diagram).
     sweep_out: where the run files go (default OUT/runs; complete run files there are reused).
     run=False: write the report from the run files that exist, without running anything.
     ablation_nside: the ablation's mesh (default the finest of nsides). notes: lines added to
@@ -939,13 +1104,10 @@ def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers
     out.mkdir(parents=True, exist_ok=True)
     runs = Path(sweep_out) if sweep_out else out / "runs"
     start_all = time.perf_counter()
-    base_nside = int(_base_of(PAPER_BETA, _load_toml(PAPER_BETA))["eulerian"]["nside"])
     if nsides:
         nsides = sorted(set(int(n) for n in nsides))
-    elif quick:
-        nsides = [QUICK_BASE["eulerian.nside"]]
     else:
-        nsides = sorted({base_nside, 16} if slow else {base_nside})
+        nsides = list(QUICK_NSIDES if quick else (SLOW_NSIDES if slow else FULL_NSIDES))
     base_over = dict(QUICK_BASE) if quick else {}
     tag = "quick" if quick else "full"
     info = [f"- mode: **{tag}**; Eulerian nside {', '.join(map(str, nsides))} for paper_beta, "
@@ -961,10 +1123,12 @@ def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers
     path = derive_sweep(PAPER_ABLATION, runs / f"paper_ablation_{tag}_n{ablation_nside}", over)
     ablation_cases = _sweep_into(path, path.parent, f"paper_ablation at nside {ablation_nside}", workers, say, info,
                                  run)[0]
+    token_cases, n_cases = _token_sweeps(runs, quick, base_over, workers, say, info, run)
     phase = None
     if BETA_PHASE.is_file():
         if quick:
-            path = derive_sweep(BETA_PHASE, runs / "beta_phase_quick", base_over, _quick_phase_grid(BETA_PHASE))
+            path = derive_sweep(BETA_PHASE, runs / "beta_phase_quick", dict(base_over, **{"eulerian.nside": 8}),
+                                _quick_phase_grid(BETA_PHASE))
         else:
             path = derive_sweep(BETA_PHASE, runs / "beta_phase")
         cases, combined_path = _sweep_into(path, path.parent, "beta_phase", workers, say, info, run)
@@ -983,6 +1147,7 @@ def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers
     walls = [c.wall for c in beta_cases + ablation_cases if np.isfinite(c.wall)]
     info.append(f"- sum of the run wall times (each run file's `wall_seconds`, 2 shared cores) of paper_beta and "
                 f"the ablation: {sum(walls):.0f} s")
-    report = write_report(out, beta_cases, ablation_cases, phase, quick, info, read_paper_table())
+    report = write_report(out, beta_cases, ablation_cases, phase, quick, info, read_paper_table(), token_cases,
+                          n_cases)
     say(f"  report {report} ({time.perf_counter() - start_all:.0f} s)")
     return report
