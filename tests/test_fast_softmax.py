@@ -145,7 +145,7 @@ def reference_kernel(model, sources, masses, x, want_div):
     with np.errstate(divide="ignore"):
         log_mass = np.log(masses)
     softmax_direct_reference(x, np.ascontiguousarray(model.B.T), model.beta, sources, log_mass,
-                             model.V, want_div, *out)
+                             model.V, want_div, *out, np.empty(0))
     return out
 
 

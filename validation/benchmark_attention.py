@@ -127,7 +127,7 @@ def reference_kernel(model, sources, masses, targets, want_div):
     n = len(targets)
     out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
     summation.softmax_direct_reference(targets, np.ascontiguousarray(model.B.T), model.beta,
-                                       sources, np.log(masses), model.V, want_div, *out)
+                                       sources, np.log(masses), model.V, want_div, *out, np.empty(0))
     return out
 
 

@@ -32,7 +32,7 @@ from numba import njit, prange
 
 from .fastmath import LOG2E
 from .kernels import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
-                      add_near_field, kernel_direction)
+                      add_near_field, kernel_direction, store_log_partition)
 
 __all__ = ["softmax_blocked", "softmax_direct_reference", "zero_temperature_field", "TARGET_BLOCK",
            "SOURCE_BLOCK"]
@@ -43,14 +43,16 @@ SOURCE_BLOCK = 8192  # sources per block (256 KiB of source data: stays in L2 fo
 
 @njit(cache=True, parallel=True)
 def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity, divergence, mean,
-                    near_cells, near_delta, log2_factor):
+                    near_cells, near_delta, log2_factor, logz, ln_top):
     """Direct O(N·T) softmax sums, vectorised and blocked, fused with velocity and divergence.
 
     targets (T, 3) unit vectors; BT = Bᵀ (3, 3); soa, sample, rmax from source_arrays (positive
     masses only; exponents must stay below 2⁵⁰ in size, see attention_field); V (3, 3). Writes
     velocity (T, 3), mean (T, 3) and, if want_div, divergence (T,), like softmax_direct_reference.
     near_cells (T, K), near_delta (T, K, 10), log2_factor (cells,): near-field corrections
-    (add_near_field; K = 0 for none).
+    (add_near_field; K = 0 for none). logz (T,): log Z(x) = ln Σ_j μ_j e^{β⟨Bᵀx, y_j⟩} with
+    the near-field corrections (kernels.store_log_partition; ln_top = ln max μ), or length 0 for
+    none.
     """
     ntarget = targets.shape[0]
     nsource = soa.shape[1]
@@ -63,6 +65,7 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
         nt = min(TARGET_BLOCK, ntarget - i0)
         a = np.empty((nt, 3))
         h = np.zeros((nt, 3))  # â = a/|a| (0 if a = 0)
+        anorm = np.empty(nt)  # |a| = ⟨a, â⟩: the centring constant of the exponents
         shift = np.empty(nt)
         exact = np.zeros(nt, dtype=np.bool_)
         mom = np.zeros((nt, nmom))
@@ -73,6 +76,7 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
             a[t, 0] = a0
             a[t, 1] = a1
             a[t, 2] = a2
+            anorm[t] = norm
             # the exponents λ_j + ⟨a, y_j − â⟩ are ≤ |a| r_max − ⟨a, â⟩ (λ ≤ 0), and their maximum
             # is ≥ that of the sample. Shifting by the sample maximum costs an absolute rounding
             # error ε·(max − shift) in the exponents: allow it only up to SHIFT_SLACK
@@ -110,20 +114,23 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
                         mom[t, k] += r1[k]
         for t in range(nt):
             i = i0 + t
-            add_near_field(i, mom[t], nmom, shift[t], near_cells, near_delta, log2_factor)
+            top = add_near_field(i, mom[t], nmom, shift[t], near_cells, near_delta, log2_factor)
             _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
                            h[t, 2], mom[t], BT, beta, V, want_div, velocity, divergence, mean)
+            store_log_partition(i, logz, mom[t, 0], top + anorm[t], ln_top)
 
 
 @njit(cache=True, parallel=True)
-def softmax_direct_reference(targets, BT, beta, sources, log_mass, V, want_div, velocity, divergence, mean):
+def softmax_direct_reference(targets, BT, beta, sources, log_mass, V, want_div, velocity, divergence, mean,
+                             logz):
     """Direct O(N·T) softmax sums, fused with the velocity and divergence of each target.
 
     The original scalar kernel (libm exp per pair), kept as the reference of softmax_blocked.
 
     targets (T, 3) unit vectors; BT = Bᵀ (3, 3); sources (N, 3); log_mass (N,) (−inf for empty
     cells, skipped); V (3, 3). Writes velocity (T, 3), mean (T, 3) and, if want_div,
-    divergence (T,) (per unit time).
+    divergence (T,) (per unit time); logz (T,) (or length 0: not written) receives
+    log Z = ln z + shift, natural base, the masses exp(log_mass) as given.
     """
     ntarget = targets.shape[0]
     nsource = sources.shape[0]
@@ -168,6 +175,8 @@ def softmax_direct_reference(targets, BT, beta, sources, log_mass, V, want_div, 
         # no centring here (â = 0): the moments are the raw Σ e y and Σ e y yᵀ
         _finish_target(i, x0, x1, x2, 0.0, 0.0, 0.0, (z, s0, s1, s2, c00, c01, c02, c11, c12, c22),
                        BT, beta, V, want_div, velocity, divergence, mean)
+        if logz.size:
+            logz[i] = math.log(z) + shift
 
 
 @njit(cache=True, parallel=True)

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import direct, harmonic, tree
 from .fastmath import LOG2E
-from .kernels import _EXP2_LIMIT, no_near_field, source_arrays, write_back
+from .kernels import _EXP2_LIMIT, no_log_partition, no_near_field, source_arrays, write_back
 from .near_field import NearField, table_bytes
 
 __all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "AttentionField", "mesh_sources",
@@ -91,7 +91,7 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
 
 
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
-                    tol=DEFAULT_TOL, stats=None, near=None, route=None):
+                    tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     sources (N, 3) with masses (N,) ≥ 0 (need not be normalised); targets (T, 3) unit vectors.
@@ -108,6 +108,17 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     route: for "harmonic", a mask of targets to send to the tilted regional expansions without
     trying the global one (harmonic.harmonic_softmax; cost only); stats["handed_back"] then
     receives the mask for the next call.
+    log_partition: None (not computed), or a float64 array (T,) that receives, per target,
+
+        log Z(x) = ln Σ_j μ_j e^{β⟨Bᵀx, y_j⟩}   (natural log, the masses as given),
+
+    with the near-field corrections when near is active (then Z is Σ over the far cells of the
+    centre terms plus the cell integrals f_c ∫_cell e^{β⟨Bᵀx, y⟩} dA of the near ones), from
+    every method: direct and tree (kernels.store_log_partition), the reference kernel, and the
+    harmonic expansions (global, tilted and re-summed targets). Its error is that of the sums:
+    rounding for direct, ≤ tol (absolute, in log Z) for the tree and the harmonic sums. At β = ∞
+    there is no partition function: the array is filled with NaN. Not asking costs nothing (the
+    kernels skip the store).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -118,8 +129,16 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     if out is None:
         out = (np.empty((ntarget, 3)), np.empty(ntarget), np.empty((ntarget, 3)))
     velocity, divergence, mean = out
+    if log_partition is None:
+        logz = no_log_partition()
+    else:
+        logz = log_partition
+        if not (isinstance(logz, np.ndarray) and logz.shape == (ntarget,) and logz.dtype == np.float64
+                and logz.flags.c_contiguous and logz.flags.writeable):
+            raise ValueError(f"log_partition must be a writeable contiguous float64 array of shape ({ntarget},)")
     if model.zero_temperature:
         direct.zero_temperature_field(targets, model.B, model.M, want_div, velocity, divergence)
+        logz[:] = np.nan  # β = ∞: no partition function (Z diverges or vanishes)
         return velocity, (divergence if want_div else None), None
     sources = np.ascontiguousarray(sources, dtype=float)
     if method == "auto":
@@ -129,6 +148,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     if method == "harmonic" and near is not None and near.active:
         method = "direct"  # the harmonic sums are uncentred: no near-field correction there
     soa, sample, rmax = source_arrays(sources, masses)
+    ln_top = float(np.log(np.max(masses))) if logz.size else 0.0
     near_cells, near_delta, log2_factor = _near_arrays(near, masses, sources.shape[0], ntarget)
     BT = np.ascontiguousarray(model.B.T)
     # the fast kernels' exponents λ + ⟨a, y − â⟩ − shift are bounded by 2|a|(r_max + 1) + max|λ|
@@ -139,17 +159,17 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         with np.errstate(divide="ignore"):
             log_mass = np.log(np.maximum(masses, 0.0))
         direct.softmax_direct_reference(targets, BT, model.beta, sources, log_mass, model.V,
-                                        want_div, velocity, divergence, mean)
+                                        want_div, velocity, divergence, mean, logz)
     elif method == "tree":
         fallbacks = tree.tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity,
-                                   divergence, mean, near_cells, near_delta, log2_factor)
+                                   divergence, mean, near_cells, near_delta, log2_factor, logz)
         if stats is not None:
             stats["fallbacks"] = fallbacks
     elif method == "harmonic":
         degree, left, tilted, handed = harmonic.harmonic_softmax(model, sources, masses, targets, want_div,
-                                                                 tol, velocity, divergence, mean, route)
+                                                                 tol, velocity, divergence, mean, route, logz)
         redo, how = _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, left,
-                           velocity, divergence, mean)
+                           velocity, divergence, mean, logz, ln_top)
         if stats is not None:
             stats["handed_back"] = handed
             stats["degree"] = degree
@@ -158,32 +178,33 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
             stats["fallback_method"] = how
     else:
         direct.softmax_blocked(targets, BT, model.beta, soa, sample, rmax, model.V, want_div,
-                               velocity, divergence, mean, near_cells, near_delta, log2_factor)
+                               velocity, divergence, mean, near_cells, near_delta, log2_factor, logz, ln_top)
     if stats is not None:
         stats["method"] = method
     return velocity, (divergence if want_div else None), mean
 
 
 def _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, redo, velocity,
-           divergence, mean):
+           divergence, mean, logz, ln_top):
     """Re-sum the targets redo (indices) that the harmonic sums handed back, by the tree or the
-    direct sum; returns (their number, "tree" or "direct" or None)."""
+    direct sum (and their log Z, if logz is not empty; ln_top = ln max μ); returns (their number,
+    "tree" or "direct" or None)."""
     if not redo.size:
         return 0, None
     n = redo.size
-    out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
+    out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)), np.empty(n if logz.size else 0))
     redo_targets = np.ascontiguousarray(targets[redo])
     # where the density is small under a target's kernel (late, concentrated states: most
     # targets), the tree beats the direct sum already at moderate β (β = 30: 1.6×)
     if (soa.shape[1] >= TREE_MIN_SOURCES  # the sources with positive mass
             and tree_cap_fraction(model, redo_targets, tol) < FALLBACK_TREE_CAP_FRACTION):
-        tree.tree_sums(model, sources, masses, soa, redo_targets, tol, want_div, *out)
+        tree.tree_sums(model, sources, masses, soa, redo_targets, tol, want_div, *out[:3], logz=out[3])
         how = "tree"
     else:
         how = "direct"
         direct.softmax_blocked(redo_targets, np.ascontiguousarray(model.B.T, dtype=float), float(model.beta),
-                               soa, sample, rmax, model.V, want_div, *out, *no_near_field(n))
-    write_back(redo, out, slice(None), want_div, velocity, divergence, mean)
+                               soa, sample, rmax, model.V, want_div, *out[:3], *no_near_field(n), out[3], ln_top)
+    write_back(redo, out, slice(None), want_div, velocity, divergence, mean, logz)
     return int(n), how
 
 
@@ -252,14 +273,17 @@ class AttentionField:
             elif size > 0:
                 self.near = NearField(mesh, model, self.targets)
 
-    def __call__(self, f, want_div=False, points=None, point_masses=None):
+    def __call__(self, f, want_div=False, points=None, point_masses=None, log_partition=None):
         """The field of the cell densities f (and of point masses at points (n, 3), the atoms of
-        spherepde.atoms: exact point sources, appended after the cells)."""
+        spherepde.atoms: exact point sources, appended after the cells). log_partition: None, or
+        an array (T,) that receives log Z(x) = ln(∫ e^{β⟨Bᵀx, y⟩} f dA + Σ_k m_k e^{β⟨Bᵀx, x_k⟩})
+        at the targets (attention_field)."""
         self.stats.pop("handed_back", None)
         sources, masses = mesh_sources(self.mesh, f, points, point_masses)
         result = attention_field(self.model, sources, masses, self.targets,
                                  want_div=want_div, out=self._out, method=self.method, tol=self.tol,
-                                 stats=self.stats, near=self.near, route=self._route)
+                                 stats=self.stats, near=self.near, route=self._route,
+                                 log_partition=log_partition)
         self._route = self.stats.get("handed_back")
         return result
 

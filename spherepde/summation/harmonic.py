@@ -67,7 +67,7 @@ import numpy as np
 import scipy.sparse
 from numba import get_num_threads, njit, prange
 
-from .kernels import _SUMS, _finish_target, kernel_direction, write_back
+from .kernels import _SUMS, _finish_target, kernel_direction, no_log_partition, write_back
 
 __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "harmonic_row"]
 
@@ -419,14 +419,16 @@ def _block_moments(targets, i0, coef_t, L, qmm, a, b, rounding, BT, beta, shift,
 
 @njit(cache=True, parallel=True)
 def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
-              velocity, divergence, mean, fallback, nthreads):
+              velocity, divergence, mean, fallback, nthreads, logz, log_offset):
     """For each target: t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') with w = βBᵀx − shift, x' = w/|w|, κ = |w|
     (shift = 0: the global expansion; else the tilted one of a region, whose coefficients carry
     the factor e^{⟨shift, y⟩}), contracted with the coefficients coef_t (moments × harmonics, 4 or
     12 rows), then finished (velocity, divergence, mean); a target whose error bound
     2·(err + noise₀‖t‖₂ + noise₁t₀ + Σ_ℓ w_ℓ·rounding[ℓ])/Z exceeds tol is marked for re-summing
     (fallback[i] = 1); rounding[ℓ] is the series' rounding per unit weight of degree ℓ
-    (_expansion_pass); nthreads: numba.get_num_threads() (sets the number of work chunks)."""
+    (_expansion_pass); nthreads: numba.get_num_threads() (sets the number of work chunks).
+    logz (T,) or length 0: log Z = ln z + κ + log_offset, z the zeroth moment (its terms carry
+    e^{−κ}), log_offset the log of the masses' unit (ln max μ, plus top_R for a tilted region)."""
     nmom = 10 if want_div else 4
     ntarget = targets.shape[0]
     nblocks = (ntarget + BLOCK - 1) // BLOCK
@@ -459,6 +461,13 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                 fallback[i] = 0
                 _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], 0.0, 0.0, 0.0, momt, BT,
                                beta, V, want_div, velocity, divergence, mean)
+                if logz.size:
+                    w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1],
+                                                              targets[i, 2])
+                    w0 -= shift[0]
+                    w1 -= shift[1]
+                    w2 -= shift[2]
+                    logz[i] = math.log(momt[0]) + math.sqrt(w0 * w0 + w1 * w1 + w2 * w2) + log_offset
 
 
 @njit(cache=True, parallel=True)
@@ -540,7 +549,7 @@ def tilt_region_nside(beta_sigma):
 def region_coefficients(sources, mu, shifts, L2):
     """For each region (row of shifts, s_R): the coefficients to degree L2 of the tilted masses
     μ_j e^{⟨s_R, y_j⟩ − top_R} (≤ 1, top_R their largest exponent: overflow-safe), with the sums
-    of the tilted masses and of their squares: (coef0 (regions, row_length(L2)), s1, s2). One
+    of the tilted masses and of their squares: (coef0 (regions, row_length(L2)), s1, s2, top). One
     matrix product per block of sources, (regions, block) × (block, harmonics)."""
     nreg = len(shifts)
     log_mu = np.log(mu)
@@ -562,7 +571,7 @@ def region_coefficients(sources, mu, shifts, L2):
         rows_y = harmonics[:len(y)]
         _source_rows(y, L2, qmm2, a2, b2, rows_y)
         coef0 += weights @ rows_y
-    return coef0, s1, s2
+    return coef0, s1, s2, top
 
 
 class _RegionCache(threading.local):
@@ -590,24 +599,25 @@ class _RegionCache(threading.local):
             new = region_coefficients(sources, mu, shifts[missing], L2)
             new_keys = [k for k, miss in zip(keys, missing) if miss]
             for i, k in enumerate(new_keys):
-                self.rows[k] = (new[0][i], new[1][i], new[2][i])
+                self.rows[k] = (new[0][i], new[1][i], new[2][i], new[3][i])
         got = [self.rows[k] for k in keys]
         return (np.array([g[0] for g in got]).reshape(len(regions), -1), np.array([g[1] for g in got]),
-                np.array([g[2] for g in got]))
+                np.array([g[2] for g in got]), np.array([g[3] for g in got]))
 
 
 _REGION_CACHE = _RegionCache()
 
 
-def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean):
+def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean, logz=None,
+                ln_top=0.0):
     """Re-evaluate the targets `redo` by tilted regional expansions (module docstring): group them by
     HEALPix pixel R of target space (centre x_R), tilt the masses by e^{⟨s_R, y⟩}, s_R = βBᵀx_R,
     and expand only e^{⟨w, y⟩}, w = βBᵀx − s_R. The coefficients of all regions come from one
     matrix product per block of sources, (regions, block) × (block, harmonics to degree L + 2),
     and moment_maps. Regions are HEALPix pixels at tilt_region_nside (the degree follows from the
     pixel radius); the targets still over their budget there get a second try in pixels half as
-    wide (TILT_LEVELS). Writes the outputs of the targets within the error budget; returns the
-    indices still over it."""
+    wide (TILT_LEVELS). Writes the outputs of the targets within the error budget (and their log Z
+    into logz, if given: mu = μ/max μ, ln_top = ln max μ); returns the indices still over it."""
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     beta_sigma = beta * float(np.linalg.norm(BT, 2))
@@ -618,13 +628,13 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
         if redo.size == 0 or nside > TILT_MAX_NSIDE:
             break
         redo = _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo, tol, want_div,
-                             velocity, divergence, mean)
+                             velocity, divergence, mean, logz, ln_top)
         nside *= 2
     return redo
 
 
 def _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo, tol, want_div, velocity,
-                  divergence, mean):
+                  divergence, mean, logz=None, ln_top=0.0):
     """tilted_pass with regions at one HEALPix level nside (BT = Bᵀ, beta_sigma = β σ_max(B));
     returns the targets still over budget."""
     L, tail = harmonic_degree(min(TILT_MAX_W, beta_sigma * hp.max_pixrad(nside)), tail_target(tol))
@@ -635,7 +645,7 @@ def _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo
     centres = np.array(hp.pix2vec(nside, regions, nest=True)).T.reshape(-1, 3)
     shifts = beta * centres @ BT.T  # s_R = βBᵀx_R, one per row
     nreg = len(regions)
-    coef0, s1, s2 = _REGION_CACHE.coefficients(sources, mu, nside, regions, shifts, L + 2, (beta, BT.tobytes()))
+    coef0, s1, s2, top = _REGION_CACHE.coefficients(sources, mu, nside, regions, shifts, L + 2, (beta, BT.tobytes()))
     coef = np.zeros((nreg, rows, nk))  # rows 10, 11 (padding of the contraction) stay 0
     coef0_t = np.ascontiguousarray(coef0.T)
     for q, m in enumerate(moment_maps(L)[:10 if want_div else 4]):
@@ -648,13 +658,14 @@ def _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo
     for r in range(nreg):
         idx = redo[order[bounds[r]:bounds[r + 1]]]
         sub = np.ascontiguousarray(targets[idx])
-        out = (np.empty((len(idx), 3)), np.empty(len(idx)), np.empty((len(idx), 3)))
+        out = (np.empty((len(idx), 3)), np.empty(len(idx)), np.empty((len(idx), 3)),
+               np.empty(len(idx) if logz is not None and logz.size else 0))
         # the budget of _expansion_pass from the region's tilted masses, summarised by their sums
         stats = _MassSummary(n, s1[r], s2[r])
         fallback = _expansion_pass(sub, coef[r], stats, L, tail, tol, BT, beta, shifts[r], model.V, want_div,
-                                   *out)
+                                   *out[:3], out[3], ln_top + top[r])
         good = fallback == 0
-        write_back(idx, out, good, want_div, velocity, divergence, mean)
+        write_back(idx, out, good, want_div, velocity, divergence, mean, logz)
         still.append(idx[~good])
     return np.concatenate(still) if still else redo[:0]
 
@@ -681,9 +692,10 @@ def degree_norms(row, L):
 
 
 def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_div, velocity, divergence,
-                    mean):
+                    mean, logz=None, log_offset=0.0):
     """Evaluate the targets from the coefficients coef_t of the normalised masses mu (max 1) with
-    the error budget of the module docstring; returns the flags of the targets over it."""
+    the error budget of the module docstring; returns the flags of the targets over it. logz:
+    None, or an array that receives log Z + log_offset (the log of the masses' unit)."""
     qmm, a, b = _legendre_tables(L)
     eps = np.finfo(float).eps
     n = len(mu)
@@ -704,11 +716,13 @@ def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_
     rounding = 4.0 * (L + 1) * eps * degree_norms(coef_t[0], L) * np.sqrt((2.0 * np.arange(L + 1) + 1.0) / (4.0 * math.pi))
     fallback = np.zeros(len(targets), dtype=np.int8)
     _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
-              velocity, divergence, mean, fallback, get_num_threads())
+              velocity, divergence, mean, fallback, get_num_threads(),
+              no_log_partition() if logz is None else logz, float(log_offset))
     return fallback
 
 
-def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, divergence, mean, route=None):
+def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, divergence, mean, route=None,
+                     logz=None):
     """The sums of direct.softmax_blocked by the harmonic expansion (module docstring); writes
     the same outputs for the targets it serves. The harmonics are built and contracted in blocks
     of BLOCK points (no (points × (L+1)²) array). Targets over the error budget go to the tilted
@@ -719,7 +733,8 @@ def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, d
     them, whose global evaluation is then wasted). Only the cost depends on it: every target is
     still served within its error budget, here or by the caller. Returns (L, indices of the
     targets left to re-sum, number served by the tilted regions, mask of the targets the global
-    expansion did not serve (routed or over its budget))."""
+    expansion did not serve (routed or over its budget)). logz: None, or an array (T,) that
+    receives log Z of the targets served here."""
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     L, tail = harmonic_degree(beta * float(np.linalg.norm(BT, 2)), tail_target(tol))
@@ -727,32 +742,37 @@ def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, d
     masses = np.asarray(masses, dtype=float)
     keep = masses > 0
     sources, mu = sources[keep], masses[keep] / masses.max()
+    want_logz = logz is not None and logz.size > 0
+    ln_top = float(np.log(masses.max())) if want_logz else 0.0
     if route is None:
         handed = _global_pass(sources, mu, targets, L, tail, tol, BT, beta, model.V, want_div, velocity,
-                              divergence, mean)
+                              divergence, mean, logz, ln_top)
     else:
         handed = np.array(route, dtype=bool)
         tried = np.flatnonzero(~handed)
         if tried.size:
             n = tried.size
-            out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)))
+            out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)), np.empty(n if want_logz else 0))
             over = _global_pass(sources, mu, np.ascontiguousarray(targets[tried]), L, tail, tol, BT, beta,
-                                model.V, want_div, *out)
-            write_back(tried, out, ~over, want_div, velocity, divergence, mean)
+                                model.V, want_div, *out, ln_top)
+            write_back(tried, out, ~over, want_div, velocity, divergence, mean, logz)
             handed[tried[over]] = True
     redo = np.flatnonzero(handed)
     handed_back = redo.size
     if redo.size:
-        redo = tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean)
+        redo = tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean, logz,
+                           ln_top)
     return L, redo, int(handed_back - redo.size), handed
 
 
-def _global_pass(sources, mu, targets, L, tail, tol, BT, beta, V, want_div, velocity, divergence, mean):
-    """The global expansion (shift 0) at the targets; returns the mask of those over budget."""
+def _global_pass(sources, mu, targets, L, tail, tol, BT, beta, V, want_div, velocity, divergence, mean, logz=None,
+                 ln_top=0.0):
+    """The global expansion (shift 0) at the targets; returns the mask of those over budget (logz:
+    None or an array for log Z, ln_top = ln max μ)."""
     qmm, a, b = _legendre_tables(L)
     rows = 12 if want_div else 4  # the contraction takes moments in fours (rows 10, 11 stay 0)
     parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, row_length(L)))
     _coefficients(sources, mu, L, qmm, a, b, parts)
     coef_t = parts.sum(axis=0)  # (moments, harmonics)
     return _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, np.zeros(3), V, want_div, velocity,
-                           divergence, mean).astype(bool)
+                           divergence, mean, logz, ln_top).astype(bool)

@@ -30,6 +30,16 @@ _finish_target turns the moments into the outputs (per unit time; V, B dimension
 
 and add_near_field adds the near-field corrections (spherepde.summation.near_field) to a
 target's moments in the same scale.
+
+Log-partition function (optional output of every sum, attention_field(log_partition=...)):
+the zeroth moment is z = Σ_j 2^(λ_j + ⟨a, y_j − â⟩ − shift) (plus the near-field corrections in
+the same scale), and ⟨a, â⟩ = |a|, λ_j = log₂ μ_j − log₂ max μ, a = β log₂e Bᵀx, so
+
+    log Z(x) = ln Σ_j μ_j e^{β⟨Bᵀx, y_j⟩} = ln 2·(log₂ z + shift + |a|) + ln max μ
+
+(store_log_partition; the shift is the one add_near_field returns). A kernel writes it only when
+its logz array is not empty (no_log_partition(): length 0), so callers that do not ask pay one
+branch per target.
 """
 
 from __future__ import annotations
@@ -42,12 +52,14 @@ from numba import njit
 from .fastmath import exp2_weight, maxnum
 
 __all__ = ["source_arrays", "kernel_direction", "project_velocity", "add_near_field", "no_near_field",
-           "write_back", "SHIFT_SLACK", "SAMPLE_STRIDE"]
+           "write_back", "SHIFT_SLACK", "SAMPLE_STRIDE", "store_log_partition", "no_log_partition",
+           "LN2"]
 
 SHIFT_SLACK = 64.0  # base-2 units: one pass when the sampled maximum is within 2⁶⁴ of the bound
 SAMPLE_STRIDE = 32  # every 32nd source (and the heaviest) estimates the maximum exponent
 _EXP2_LIMIT = 2.0**49  # exp2_weight needs |exponent| < 2⁵⁰
 _SUMS = {"contract", "reassoc", "nsz"}  # no nnan/ninf: keep IEEE semantics
+LN2 = math.log(2.0)
 
 
 def source_arrays(sources, masses):
@@ -240,15 +252,38 @@ def _finish_target(i, x0, x1, x2, h0, h1, h2, mom, BT, beta, V, want_div,
         divergence[i] = beta * (tr - xKx) - 2.0 * xu
 
 
+@njit(cache=True)
+def store_log_partition(i, logz, z, exponent2, log_offset):
+    """logz[i] = ln 2·(log₂ z + exponent2) + log_offset if logz is not empty (else nothing).
+
+    z: the zeroth moment of a target in some scale, exponent2 the base-2 exponent that scale
+    removed (shift + |a| for the centred kernels), log_offset the natural log of the mass unit
+    (ln max μ). z ≤ 0 (no mass reached the target) gives −inf."""
+    if logz.size == 0:
+        return
+    if z > 0.0:
+        logz[i] = LN2 * (math.log2(z) + exponent2) + log_offset
+    else:
+        logz[i] = -np.inf
+
+
+def no_log_partition():
+    """The logz argument of the kernels when log Z is not wanted (length 0: never written)."""
+    return np.empty(0)
+
+
 def no_near_field(ntarget):
     """The near-field arguments (cells, delta, log2_factor) of the kernels without corrections
     (K = 0)."""
     return np.empty((ntarget, 0), dtype=np.int64), np.empty((ntarget, 0, 10)), np.empty(0)
 
 
-def write_back(idx, out, keep, want_div, velocity, divergence, mean):
-    """The outputs of the targets idx[keep] from those of a subset evaluation, out[·][keep]."""
+def write_back(idx, out, keep, want_div, velocity, divergence, mean, logz=None):
+    """The outputs of the targets idx[keep] from those of a subset evaluation, out[·][keep]
+    (out[3]: their log Z, copied into logz when that is given and not empty)."""
     velocity[idx[keep]] = out[0][keep]
     mean[idx[keep]] = out[2][keep]
     if want_div:
         divergence[idx[keep]] = out[1][keep]
+    if logz is not None and logz.size and len(out) > 3:
+        logz[idx[keep]] = out[3][keep]

@@ -37,7 +37,8 @@ from numba import get_num_threads, njit, prange
 
 from .fastmath import LOG2E
 from .kernels import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
-                      add_near_field, kernel_direction, no_near_field, source_arrays)
+                      add_near_field, kernel_direction, no_log_partition, no_near_field, source_arrays,
+                      store_log_partition)
 
 __all__ = ["SourceTree", "tree_softmax", "tree_sums", "LEAF_SIZE"]
 
@@ -186,10 +187,12 @@ def _sum_target(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw, want_div, mom):
 def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_end, node_centre,
                  node_cos_r, node_sin_r, node_log_mass, V, tol, want_div,
                  velocity, divergence, mean, direct_fallbacks,
-                 near_cells, near_delta, log2_factor, nthreads):
+                 near_cells, near_delta, log2_factor, nthreads, logz, ln_top):
     """The softmax sums of direct.softmax_blocked with pruning (module docstring); writes the
     same outputs, and direct_fallbacks[i] = 1 where the pruning bound failed and target i was
     summed directly. nthreads: numba.get_num_threads() (sets the number of work chunks).
+    logz, ln_top: log Z as in softmax_blocked (length 0: not written); with the pruning it is
+    within tol of the full sum's (neglected weight ≤ tol·Z).
 
     Targets go in blocks of TARGET_GROUP (consecutive, so close together for NESTED-ordered
     edge points); one walk of the tree serves the whole block: a node is dropped when the
@@ -214,6 +217,7 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
         # work arrays once per chunk: the gathered sources can be all of them
         buf = np.empty((4, nsource))
         a = np.empty((TARGET_GROUP, 3))
+        anorm = np.empty(TARGET_GROUP)
         h = np.zeros((TARGET_GROUP, 3))
         lower = np.empty(TARGET_GROUP)
         mom = np.empty(nmom)
@@ -230,6 +234,7 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
                 a[t, 0] = a0
                 a[t, 1] = a1
                 a[t, 2] = a2
+                anorm[t] = norm
                 c0 += h[t, 0]
                 c1 += h[t, 1]
                 c2 += h[t, 2]
@@ -313,26 +318,32 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
                     direct_fallbacks[i] = 1
                     shift = _sum_target(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2], ys0,
                                         ys1, ys2, lws, want_div, mom)
-                add_near_field(i, mom, nmom, shift, near_cells, near_delta, log2_factor)
+                shift = add_near_field(i, mom, nmom, shift, near_cells, near_delta, log2_factor)
                 _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
                                h[t, 2], mom, BT, beta, V, want_div, velocity, divergence, mean)
+                store_log_partition(i, logz, mom[0], shift + anorm[t], ln_top)
     return nsource
 
 
 def tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity, divergence, mean,
-              near_cells=None, near_delta=None, log2_factor=None):
+              near_cells=None, near_delta=None, log2_factor=None, logz=None):
     """The tree sums of attention_field (soa from kernels.source_arrays of sources, masses),
     written into velocity, divergence and mean; near_cells, near_delta, log2_factor: the
-    near-field corrections (kernels.add_near_field; None: none). Returns the number of targets
-    the tree summed directly."""
+    near-field corrections (kernels.add_near_field; None: none); logz: None, or an array (T,)
+    that receives log Z. Returns the number of targets the tree summed directly."""
     ntarget = targets.shape[0]
     if near_cells is None:
         near_cells, near_delta, log2_factor = no_near_field(ntarget)
+    ln_top = 0.0
+    if logz is None:
+        logz = no_log_partition()
+    elif logz.size:
+        ln_top = float(np.log(np.max(masses)))
     tree = SourceTree(sources, masses, soa=soa)  # soa: already built by the caller
     fallbacks = np.zeros(ntarget, dtype=np.int8)
     tree_softmax(targets, np.ascontiguousarray(model.B.T), model.beta, tree.soa, tree.depth,
                  tree.level_offset, tree.node_start, tree.node_end, tree.node_centre,
                  tree.node_cos_r, tree.node_sin_r, tree.node_log_mass, model.V, tol, want_div,
                  velocity, divergence, mean, fallbacks, near_cells, near_delta, log2_factor,
-                 get_num_threads())
+                 get_num_threads(), logz, ln_top)
     return int(fallbacks.sum())
