@@ -7,6 +7,9 @@ A config has the sections
                    "-V"; spherepde.weights), weight_seed (integer ≥ 0) and weight_scale (> 0) of
                    the random laws. The resolved config holds the matrices, and `weights` records
                    the laws and seed they came from ("given" for two matrices).
+                   normalisation = "softmax" (default) | "unnormalised" (no division by the
+                   partition function; finite beta only) and unnormalised_scale = "none" (default;
+                   beta·‖B‖₂ ≤ 600) | "exp_beta" (the unnormalised field divided by e^{beta·‖B‖₂}).
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     enabled (false: no Eulerian solve, the particles alone; needs [particles]),
@@ -43,6 +46,7 @@ import tomllib
 from pathlib import Path
 
 from .guards import check_model
+from .model import UNSCALED_EXPONENT_MAX
 
 __all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference"]
 
@@ -52,7 +56,8 @@ class ConfigError(ValueError):
 
 
 DEFAULTS = {
-    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None},
+    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None,
+              "normalisation": "softmax", "unnormalised_scale": "none"},
     "initial": {"kind": "uniform"},
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
@@ -230,6 +235,22 @@ def resolve(raw: dict) -> dict:
         check_model(model["B"], model["V"], model["beta"])
     except ValueError as exc:
         raise ConfigError(f"[model] {exc}") from None
+    if model["normalisation"] not in ("softmax", "unnormalised"):
+        raise ConfigError('[model] normalisation: must be "softmax" or "unnormalised", '
+                          f'got {model["normalisation"]!r}')
+    if model["unnormalised_scale"] not in ("none", "exp_beta"):
+        raise ConfigError('[model] unnormalised_scale: must be "none" or "exp_beta", '
+                          f'got {model["unnormalised_scale"]!r}')
+    if model["normalisation"] == "unnormalised":
+        if math.isinf(model["beta"]):
+            raise ConfigError('[model] normalisation: "unnormalised" has no beta = "inf" limit (the field '
+                              'grows like e^beta); give a finite beta or normalisation = "softmax"')
+        import numpy as np
+
+        exponent = model["beta"] * float(np.linalg.norm(np.array(model["B"]), 2))
+        if model["unnormalised_scale"] == "none" and exponent > UNSCALED_EXPONENT_MAX:
+            raise ConfigError(f'[model] unnormalised_scale: "none" overflows for beta·‖B‖₂ = {exponent:.4g} > '
+                              f'{UNSCALED_EXPONENT_MAX:g}; use "exp_beta"')
     if math.isinf(model["beta"]):
         import numpy as np
 
@@ -381,7 +402,8 @@ RESUME_MAY_CHANGE = ("output", "guards")
 # keys added to the resolved config after files were written without them, and the value such a
 # file implies (random weights came later: its B and V were given)
 ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0,
-              ("model", "weights"): "given"}
+              ("model", "weights"): "given", ("model", "normalisation"): "softmax",
+              ("model", "unnormalised_scale"): "none"}
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
@@ -419,4 +441,5 @@ def build_model(spec: dict):
     from .model import AttentionModel
 
     beta = math.inf if spec["beta"] == "inf" else spec["beta"]
-    return AttentionModel(spec["B"], spec["V"], beta)
+    return AttentionModel(spec["B"], spec["V"], beta, normalisation=spec.get("normalisation", "softmax"),
+                          unnormalised_scale=spec.get("unnormalised_scale", "none"))

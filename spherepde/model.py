@@ -4,6 +4,11 @@ Convention (DESIGN.md §1): attention weights e^{β⟨x, By⟩} = e^{β⟨Bᵀx,
 v(x) = P_x(V m_β(x)), M = VBᵀ. E is the principal eigenspace of M (eigenvalue of largest real
 part), P_E its spectral projector (orthogonal when M is symmetric), γ the spectral gap in real
 parts, F the principal eigenspace of V, Π(x) = P_E x / |P_E x|.
+
+Normalisation (issue 20): "softmax" (the default) divides by the partition function
+Z(x) = ∫ e^{β⟨x, By⟩} dρ(y); "unnormalised" does not, v(x) = P_x(V ∫ e^{β⟨x, By⟩} y dρ(y)) =
+P_x(V Z(x) m_β(x)), optionally divided by e^{β‖B‖₂} (unnormalised_scale = "exp_beta": a constant
+rescaling of time, which also keeps the field ≤ ‖V‖₂·(total mass) since ⟨Bᵀx, y⟩ ≤ ‖B‖₂).
 """
 
 from __future__ import annotations
@@ -14,7 +19,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.linalg
 
-__all__ = ["AttentionModel", "SpectralData", "spectral_data"]
+__all__ = ["AttentionModel", "SpectralData", "spectral_data", "NORMALISATIONS", "UNNORMALISED_SCALES",
+           "UNSCALED_EXPONENT_MAX"]
+
+NORMALISATIONS = ("softmax", "unnormalised")
+UNNORMALISED_SCALES = ("none", "exp_beta")
+# unnormalised_scale = "none": the field carries e^{β⟨Bᵀx, y⟩} ≤ e^{β‖B‖₂}, which must stay far
+# below the double range (e^709.8) for unit total mass and the products of the divergence
+UNSCALED_EXPONENT_MAX = 600.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +91,9 @@ def _as_matrix(name, value):
 class AttentionModel:
     """Single-head attention dynamics on S²: B, V (3×3, real), beta > 0 or math.inf.
 
+    normalisation: "softmax" (v = P_x(V m_β)) or "unnormalised" (v = P_x(V Z m_β), finite β
+    only); unnormalised_scale: "none" or "exp_beta" (the unnormalised field divided by
+    e^{β‖B‖₂}; "none" is refused when β‖B‖₂ > UNSCALED_EXPONENT_MAX, where it would overflow).
     Derived attributes: M = VBᵀ; E (SpectralData of M: P_E = E.projector, dim E = E.dim);
     F (SpectralData of V); gap γ; sigma_max = σ_max(B); assumption flags.
     """
@@ -86,6 +101,8 @@ class AttentionModel:
     B: np.ndarray
     V: np.ndarray
     beta: float
+    normalisation: str = "softmax"
+    unnormalised_scale: str = "none"
     M: np.ndarray = field(init=False)
     E: SpectralData = field(init=False)
     F: SpectralData = field(init=False)
@@ -103,6 +120,19 @@ class AttentionModel:
         if np.linalg.matrix_rank(self.B) < 3 and math.isinf(beta):
             # the zero-temperature field divides by |Bᵀx|, which vanishes on ker Bᵀ
             raise ValueError("beta = inf needs an invertible B (the field divides by |Bᵀx|)")
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
+        if self.unnormalised_scale not in UNNORMALISED_SCALES:
+            raise ValueError(f"unnormalised_scale must be one of {UNNORMALISED_SCALES}, "
+                             f"got {self.unnormalised_scale!r}")
+        if self.unnormalised:
+            if math.isinf(beta):
+                raise ValueError('normalisation = "unnormalised" has no beta = inf limit (the field grows '
+                                 'like e^{β}): give a finite beta or normalisation = "softmax"')
+            exponent = beta * float(np.linalg.norm(self.B, 2))
+            if self.unnormalised_scale == "none" and exponent > UNSCALED_EXPONENT_MAX:
+                raise ValueError(f'unnormalised_scale = "none" overflows: beta·‖B‖₂ = {exponent:.4g} > '
+                                 f'{UNSCALED_EXPONENT_MAX:g}; use unnormalised_scale = "exp_beta"')
         self.M = self.V @ self.B.T
         self.E = spectral_data(self.M)
         self.F = spectral_data(self.V)
@@ -111,6 +141,18 @@ class AttentionModel:
     @property
     def zero_temperature(self) -> bool:
         return math.isinf(self.beta)
+
+    @property
+    def unnormalised(self) -> bool:
+        return self.normalisation == "unnormalised"
+
+    @property
+    def log_field_scale(self) -> float:
+        """The unnormalised field is P_x(V n(x))·e^{−c}, n = ∫ e^{β⟨x, By⟩} y dρ, with this c:
+        β‖B‖₂ for unnormalised_scale = "exp_beta", else 0 (and 0 for softmax)."""
+        if self.unnormalised and self.unnormalised_scale == "exp_beta":
+            return self.beta * float(np.linalg.norm(self.B, 2))
+        return 0.0
 
     @property
     def gap(self) -> float:
@@ -146,5 +188,9 @@ class AttentionModel:
     def describe(self) -> str:
         lam = ", ".join(f"{z.real:.4g}{z.imag:+.4g}i" if abs(z.imag) > 0 else f"{z.real:.4g}"
                         for z in self.E.eigenvalues)
+        unnorm = ""
+        if self.unnormalised:  # softmax keeps the description it always had
+            unnorm = (", unnormalised attention" + (" divided by e^{β‖B‖₂}" if self.unnormalised_scale == "exp_beta"
+                                                     else ""))
         return (f"AttentionModel(beta={self.beta:g}): eig(VBᵀ) = [{lam}], dim E = {self.E.dim}, "
-                f"gap = {self.gap:.4g}, dim F = {self.F.dim}, σ_max(B) = {self.sigma_max:.4g}")
+                f"gap = {self.gap:.4g}, dim F = {self.F.dim}, σ_max(B) = {self.sigma_max:.4g}{unnorm}")

@@ -114,3 +114,25 @@ def log_partition(targets, B, beta, sources, masses, block=64):
         top = e.max(axis=1, keepdims=True)
         out[i0:i0 + block] = top[:, 0] + np.log(np.exp(e - top).sum(axis=1))
     return out
+
+
+def unnormalised_field(targets, B, V, beta, sources, masses, log_scale=0.0):
+    """Unnormalised attention straight from its definition, in long double: n(x) = Σ_j μ_j
+    e^{β⟨Bᵀx, y_j⟩ − c} y_j, S(x) = Σ_j μ_j e^{β⟨Bᵀx, y_j⟩ − c} y_j y_jᵀ (c = log_scale),
+    v = P_x(V n), div_S v = β tr(P_x V S Bᵀ) − 2⟨x, V n⟩ (∂n/∂x = β S Bᵀ). Returns float64
+    (v (T, 3), div (T,)). O(T·N) memory: small cases only."""
+    ld = np.longdouble
+    x = np.asarray(targets, dtype=ld)
+    y = np.asarray(sources, dtype=ld)
+    mu = np.asarray(masses, dtype=ld)
+    Bl, Vl = np.asarray(B, dtype=ld), np.asarray(V, dtype=ld)
+    w = mu * np.exp(ld(beta) * (x @ Bl) @ y.T - ld(log_scale))  # (T, N)
+    n = w @ y
+    S = np.einsum("tj,ja,jb->tab", w, y, y)
+    u = n @ Vl.T
+    xu = np.sum(x * u, axis=1)
+    v = u - xu[:, None] * x
+    P = np.eye(3, dtype=ld)[None] - x[:, :, None] * x[:, None, :]
+    K = np.einsum("ab,tbc,dc->tad", Vl, S, Bl)  # V S Bᵀ
+    div = ld(beta) * np.einsum("tab,tba->t", P, K) - 2 * xu
+    return v.astype(float), div.astype(float)

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import direct, harmonic, tree
 from .fastmath import LOG2E
-from .kernels import _EXP2_LIMIT, no_log_partition, no_near_field, source_arrays, write_back
+from .kernels import _EXP2_LIMIT, no_log_partition, no_near_field, source_arrays, unnormalise, write_back
 from .near_field import NearField, table_bytes
 
 __all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "AttentionField", "mesh_sources",
@@ -94,6 +94,10 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
                     tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
+    The field follows model.normalisation: softmax, v = P_x(V m_β); or unnormalised,
+    v = P_x(V Z m_β)·e^{−c} with c = model.log_field_scale (kernels.unnormalise; its log Z is
+    computed whether or not log_partition is asked for). The mean is m_β in both cases.
+
     sources (N, 3) with masses (N,) ≥ 0 (need not be normalised); targets (T, 3) unit vectors.
     The one entry point of the summation. At β = ∞ the masses are unused and mean is None.
     method: "direct" (direct.softmax_blocked, exact to rounding), "tree" (spherepde.summation.tree:
@@ -130,7 +134,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         out = (np.empty((ntarget, 3)), np.empty(ntarget), np.empty((ntarget, 3)))
     velocity, divergence, mean = out
     if log_partition is None:
-        logz = no_log_partition()
+        logz = np.empty(ntarget) if getattr(model, "unnormalised", False) else no_log_partition()
     else:
         logz = log_partition
         if not (isinstance(logz, np.ndarray) and logz.shape == (ntarget,) and logz.dtype == np.float64
@@ -181,6 +185,9 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
                                velocity, divergence, mean, near_cells, near_delta, log2_factor, logz, ln_top)
     if stats is not None:
         stats["method"] = method
+    if getattr(model, "unnormalised", False):
+        unnormalise(np.ascontiguousarray(model.B, dtype=float), float(model.beta), float(model.log_field_scale),
+                    logz, want_div, velocity, divergence, mean)
     return velocity, (divergence if want_div else None), mean
 
 

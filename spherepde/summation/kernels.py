@@ -40,6 +40,16 @@ the same scale), and ⟨a, â⟩ = |a|, λ_j = log₂ μ_j − log₂ max μ, a 
 (store_log_partition; the shift is the one add_near_field returns). A kernel writes it only when
 its logz array is not empty (no_log_partition(): length 0), so callers that do not ask pay one
 branch per target.
+
+Unnormalised attention (unnormalise): n(x) = ∫ e^{β⟨x, By⟩} y dρ = Z m_β, and from
+∂n/∂x = β (Σ_j μ_j e^{β⟨Bᵀx, y_j⟩} y_j y_jᵀ) Bᵀ = β Z (C + m mᵀ) Bᵀ,
+
+    v = P_x(V n) = Z·P_x(V m_β),
+    div_S v = β tr(P_x V S Bᵀ) − 2⟨x, V n⟩ = Z·(div_S v_softmax + β⟨B m_β, P_x(V m_β)⟩)
+
+(S = Z(C + m mᵀ) the unnormalised second moment; tr(P_x V m mᵀ Bᵀ) = ⟨Bm, P_x V m⟩), both times
+e^{−c} for the chosen time scale (model.log_field_scale): the factor e^{log Z − c} is formed
+from log Z, so no intermediate overflows.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from .fastmath import exp2_weight, maxnum
 
 __all__ = ["source_arrays", "kernel_direction", "project_velocity", "add_near_field", "no_near_field",
            "write_back", "SHIFT_SLACK", "SAMPLE_STRIDE", "store_log_partition", "no_log_partition",
-           "LN2"]
+           "LN2", "unnormalise"]
 
 SHIFT_SLACK = 64.0  # base-2 units: one pass when the sampled maximum is within 2⁶⁴ of the bound
 SAMPLE_STRIDE = 32  # every 32nd source (and the heaviest) estimates the maximum exponent
@@ -265,6 +275,29 @@ def store_log_partition(i, logz, z, exponent2, log_offset):
         logz[i] = LN2 * (math.log2(z) + exponent2) + log_offset
     else:
         logz[i] = -np.inf
+
+
+@njit(cache=True)
+def unnormalise(B, beta, log_scale, logz, want_div, velocity, divergence, mean):
+    """Turn the softmax outputs of T targets into those of unnormalised attention, in place
+    (module docstring): s = e^{logz − log_scale}, div ← s·(div + β⟨B m, v⟩), v ← s·v (mean, the
+    softmax mean m_β, unchanged). B (3, 3); logz (T,) natural log of Z."""
+    for i in range(logz.size):
+        s = math.exp(logz[i] - log_scale)
+        v0 = velocity[i, 0]
+        v1 = velocity[i, 1]
+        v2 = velocity[i, 2]
+        if want_div:
+            m0 = mean[i, 0]
+            m1 = mean[i, 1]
+            m2 = mean[i, 2]
+            bm0 = B[0, 0] * m0 + B[0, 1] * m1 + B[0, 2] * m2
+            bm1 = B[1, 0] * m0 + B[1, 1] * m1 + B[1, 2] * m2
+            bm2 = B[2, 0] * m0 + B[2, 1] * m1 + B[2, 2] * m2
+            divergence[i] = s * (divergence[i] + beta * (bm0 * v0 + bm1 * v1 + bm2 * v2))
+        velocity[i, 0] = s * v0
+        velocity[i, 1] = s * v1
+        velocity[i, 2] = s * v2
 
 
 def no_log_partition():
