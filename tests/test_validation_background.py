@@ -42,3 +42,25 @@ def test_weight_share_is_the_cells_share_of_the_softmax():
     w_cells = np.sum(f * mesh.area * np.exp(model.beta * mesh.centroids @ (model.B.T @ z)))
     w_atoms = np.sum(m * np.exp(model.beta * x @ (model.B.T @ z)))
     assert abs(weight_share(model, mesh, f, x, m) - w_cells / (w_cells + w_atoms)) < 1e-14
+
+
+def test_saved_particle_field_interpolates_positions_in_time():
+    """Between two snapshots the particles sit at the normalised linear interpolation of their
+    positions: the field there is the direct sum over those points."""
+    from spherepde.summation import attention_field
+    from validation.background import SavedParticleField
+
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta=5.0)
+    rng = np.random.default_rng(2)
+    x0, x1 = (rng.normal(size=(30, 3)) for _ in range(2))
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    x1 /= np.linalg.norm(x1, axis=1, keepdims=True)
+    w = rng.random(30)
+    field = SavedParticleField([0.0, 1.0], np.array([x0, x1]), w, model)
+    y = HealpixMesh(2).centroids
+    mid = 0.75 * x0 + 0.25 * x1
+    mid /= np.linalg.norm(mid, axis=1, keepdims=True)
+    v_ref, div_ref, _ = attention_field(model, mid, w, y, want_div=True, method="direct")
+    v, div = field(y, 0.25)
+    np.testing.assert_allclose(v, v_ref, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(div, div_ref, rtol=0, atol=1e-13)
