@@ -59,6 +59,7 @@ from . import kernels
 __all__ = ["MeshDiffusion", "poisson_weights", "diffusion_rates"]
 
 POISSON_TAIL = 1e-17  # relative Poisson mass left out of a uniformisation sum
+PARALLEL_CELLS = 1 << 17  # meshes from nside 128 on run the heat flow on numba's threads
 ACTIVE_SET_ITERATIONS = 50
 
 
@@ -200,7 +201,8 @@ class MeshDiffusion:
             out[:] = f
             return out
         weights = poisson_weights(self.max_rate * amount)
-        kernels.uniformization(f, self.neighbours, self.rates, self.diagonal, 1.0 / self.max_rate, weights,
-                               out, self._work_a, self._work_b)
+        kernel = kernels.uniformization if self.mesh.npix >= PARALLEL_CELLS else kernels.uniformization_serial
+        kernel(f, self.neighbours, self.rates, self.diagonal, 1.0 / self.max_rate, weights, out,
+               self._work_a, self._work_b)
         self.products += weights.size - 1
         return out

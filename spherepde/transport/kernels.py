@@ -25,6 +25,7 @@ __all__ = [
     "flux_divergence",
     "graph_laplacian",
     "uniformization",
+    "uniformization_serial",
 ]
 
 
@@ -207,6 +208,30 @@ def uniformization(f, neighbours, rates, diagonal, inv_rate, poisson, out, work_
     for k in range(1, poisson.shape[0]):
         pk = poisson[k]
         for c in prange(ncell):
+            total = 0.0
+            for j in range(nnbr):
+                total += rates[c, j] * src[neighbours[c, j]]
+            value = diagonal[c] * src[c] + inv_rate * total
+            dst[c] = value
+            out[c] += pk * value
+        src, dst = dst, src
+
+
+@njit(cache=True)
+def uniformization_serial(f, neighbours, rates, diagonal, inv_rate, poisson, out, work_a, work_b):
+    """uniformization (same arguments, same result to the bit) without threads: a parallel region
+    per product costs more than the product on small meshes, and far more on a busy machine, where
+    every region waits for time slices."""
+    ncell, nnbr = rates.shape
+    p0 = poisson[0]
+    for c in range(ncell):
+        work_a[c] = f[c]
+        out[c] = p0 * f[c]
+    src = work_a
+    dst = work_b
+    for k in range(1, poisson.shape[0]):
+        pk = poisson[k]
+        for c in range(ncell):
             total = 0.0
             for j in range(nnbr):
                 total += rates[c, j] * src[neighbours[c, j]]
