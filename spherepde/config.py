@@ -80,6 +80,9 @@ INITIAL_KEYS = {
 }
 
 BETA_RANGE = (1e-3, 1e6)
+# Largest noise ν: it makes any density uniform by t ~ 1/(2ν) = 5e-4, and the heat flow costs about
+# 4 ν dt / h² sparse products per step (spherepde.transport.diffusion), so beyond it a run only slows.
+NOISE_MAX = 1e3
 
 REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
 
@@ -331,7 +334,7 @@ def _resolve_noise(model) -> bool:
     schedule does not use are recorded as None."""
     from .noise import SCHEDULES, NoiseSchedule
 
-    model["noise"] = _number("model", "noise", model["noise"], low=0.0)
+    model["noise"] = _number("model", "noise", model["noise"], low=0.0, high=NOISE_MAX)
     schedule = model["noise_schedule"]
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise ConfigError(f"[model] noise_schedule: must be one of {', '.join(map(repr, SCHEDULES))}, "
@@ -364,6 +367,10 @@ def _resolve_noise(model) -> bool:
                 raise ConfigError(f"[model] noise_breakpoints[{i}][0]: times must increase, got {t:g} "
                                   f"after {checked[-1][0]:g}")
             checked.append([t, factor])
+        largest = model["noise"] * max(f for _, f in checked)
+        if largest > NOISE_MAX:
+            raise ConfigError(f"[model] noise_breakpoints: noise × the largest factor = {largest:g}, must be "
+                              f"<= {NOISE_MAX:g} (as noise itself)")
         model["noise_breakpoints"] = checked
     else:
         model["noise_breakpoints"] = None
