@@ -60,19 +60,22 @@ def _legendre(mesh, ell):
 
 # ------------------------------------------------------------------ 1. heat equation
 def heat_decay(mesh, ell, nu=0.1, snapshots=4):
-    """(relative L² error at e^{−1} decay, relative error of the fitted decay rate) of the pure
+    """(relative L² error at e^{−1} decay, relative error of the fitted decay rate, relative
+    error of the Rayleigh quotient −⟨P, LP⟩/⟨P, P⟩ against ℓ(ℓ+1), mass drift, min f) of the pure
     heat flow of uniform + ½P_ℓ through the Eulerian solver (V = 0)."""
     model = AttentionModel(np.eye(3), np.zeros((3, 3)), 1.0)
     P = _legendre(mesh, ell)
     lam = nu * ell * (ell + 1)
     t_end = 1.0 / lam
-    ds = EulerianSolver(mesh, model, noise=NoiseSchedule(nu)).run((1 + 0.5 * P) / (4 * math.pi), t_end,
-                                                                 t_end / snapshots)
+    solver = EulerianSolver(mesh, model, noise=NoiseSchedule(nu))
+    ds = solver.run((1 + 0.5 * P) / (4 * math.pi), t_end, t_end / snapshots)
     pert = ds.density.values * 4 * math.pi - 1
     exact = 0.5 * math.exp(-1.0) * P
     err = math.sqrt(np.sum((pert[-1] - exact) ** 2) / np.sum(exact**2))
     rate = np.polyfit(ds.time.values, np.log(pert @ P), 1)[0]
-    return err, abs(rate / -lam - 1), float(np.abs(ds.mass.values - 1).max()), float(ds.density.values.min())
+    rayleigh = -(P @ solver.diffusion.laplacian(P)) / (P @ P) / (ell * (ell + 1))
+    return (err, abs(rate / -lam - 1), abs(rayleigh - 1), float(np.abs(ds.mass.values - 1).max()),
+            float(ds.density.values.min()))
 
 
 def two_point_flux_rates(mesh, ells):
@@ -319,19 +322,25 @@ def report(quick=False, progress=True):
              "## 1. Heat equation on its own: Y_ℓ decays like e^{−νℓ(ℓ+1)t}", "",
              "V = 0, ν = 0.1, uniform + ½P_ℓ(⟨a, x⟩), run to e^{−1} decay (t = 1/(νℓ(ℓ+1))) in 4 snapshots.",
              "Solution: relative L² error of the perturbation's cell averages at the end; rate: relative",
-             "error of the decay rate fitted over the snapshots. Mass drift and min f over all nside: "
-             f"{max(h[2] for h in heat.values()):.1e} and {min(h[3] for h in heat.values()):.3e} (> 0).", "",
-             "| ℓ | nside | solution error | order | rate error | order | two-point flux rate error |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "error of the decay rate fitted over the snapshots; Rayleigh: relative error of −⟨P_ℓ, LP_ℓ⟩/⟨P_ℓ, P_ℓ⟩",
+             "against ℓ(ℓ+1) (the operator's own decay rate of the mode, no time stepping). Mass drift and",
+             f"min f over all nside: {max(h[3] for h in heat.values()):.1e} and {min(h[4] for h in heat.values()):.3e} (> 0).", "",
+             "| ℓ | nside | solution error | order | rate error | order | Rayleigh error | order | two-point flux Rayleigh error |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for ell in heat_ells:
         prev = None
         for n in heat_nsides:
-            e_sol, e_rate = heat[(n, ell)][:2]
-            o = ("", "") if prev is None else (f"{_order(prev[0], e_sol):.2f}", f"{_order(prev[1], e_rate):.2f}")
-            lines.append(f"| {ell} | {n} | {e_sol:.3e} | {o[0]} | {e_rate:.3e} | {o[1]} | {tpfa[n][ell]:+.2%} |")
-            prev = (e_sol, e_rate)
-    lines += ["", "The two-point flux column is the edge-only operator ν(f_j − f_i)ℓ_ij/d_ij (Rayleigh quotient",
-              "of P_ℓ): its decay rates stay 5–8 % too fast at every nside, which is why it is not used.", "",
+            e = heat[(n, ell)][:3]
+            o = ["", "", ""] if prev is None else [f"{_order(a, b):.2f}" for a, b in zip(prev, e)]
+            lines.append(f"| {ell} | {n} | {e[0]:.3e} | {o[0]} | {e[1]:.3e} | {o[1]} | {e[2]:.3e} | {o[2]} | "
+                         f"{tpfa[n][ell]:+.2%} |")
+            prev = e
+    lines += ["", "The operator's decay rates (Rayleigh) converge at order 2; the solution, compared with the cell",
+              "averages of P_ℓ, at order 1.3–1.8: the discrete eigenvectors differ from the cell averages by",
+              "more than the eigenvalues do, where HEALPix cells change shape abruptly (base-face boundaries,",
+              "|z| = 2/3). The fitted rate holds some of that difference (projection on P_ℓ), hence its order",
+              "between the two. The last column is the edge-only two-point flux ν(f_j − f_i)ℓ_ij/d_ij: its",
+              "decay rates stay 5–8 % too fast at every nside, which is why it is not used.", "",
               f"## 2. Transport and diffusion together: order in time (nside {order_nside})", "",
               "Paper matrices, β = 5, ν = 0.05, vMF(μ = (0.6, 0, 0.8), κ = 2) start, t = 0.4 in n fixed steps;",
               "max-norm difference from 128 steps.", "",
