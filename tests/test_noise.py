@@ -442,6 +442,28 @@ def test_resolved_noise_keys_and_old_configs():
         resolve({**raw, "model": {**raw["model"], "noise_time": -1.0}})
 
 
+def test_a_file_written_before_noise_existed_resumes(tmp_path, capsys):
+    """A run file whose config has no noise keys (written by an older spherepde: no layout
+    digests either), interrupted after 2 snapshots: --resume continues it and ends equal to the
+    uninterrupted run."""
+    cfg = tmp_path / "old.toml"
+    cfg.write_text(CONFIG.replace("nside = 4", "nside = 2"))
+    full, old = tmp_path / "full.nc", tmp_path / "old.nc"
+    assert main(["run", str(cfg), "-o", str(full)]) == 0
+    assert interrupt_after(cfg, old, 2) == 130
+    with netCDF4.Dataset(old, "a") as nc:
+        config = json.loads(nc.getncattr("config"))
+        for section, key in ADDED_KEYS:
+            config[section].pop(key)
+        nc.setncattr("config", json.dumps(config))
+        for name in ("layout_digest", "end_digest"):
+            if name in nc.ncattrs():
+                nc.delncattr(name)
+    assert main(["run", str(cfg), "-o", str(old), "--resume"]) == 0
+    assert "resumed from snapshot 1" in open_run(old).attrs["history"]
+    assert run_difference(old, full) <= ROUND_OFF
+
+
 def test_noise_zero_in_the_config_is_the_noiseless_run_file(tmp_path):
     plain, zero = tmp_path / "plain.toml", tmp_path / "zero.toml"
     plain.write_text(CONFIG + TOKENS)
