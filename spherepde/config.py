@@ -10,6 +10,12 @@ A config has the sections
                    normalisation = "softmax" (default) | "unnormalised" (no division by the
                    partition function; finite beta only) and unnormalised_scale = "none" (default;
                    beta·‖B‖₂ ≤ 600) | "exp_beta" (the unnormalised field divided by e^{beta·‖B‖₂}).
+                   noise (ν₀ ≥ 0, default 0: ∂_t f + div_S(f v) = ν(t)Δ_S f, Brownian tokens) with
+                   noise_schedule ("constant" | "exponential" | "linear" | "piecewise"),
+                   noise_time (τ > 0, for exponential and linear; recorded as none otherwise) and
+                   noise_breakpoints ([[0, s₀], [t₁, s₁], …], factors of ν₀, for piecewise);
+                   spherepde.noise. With ν₀ > 0: [eulerian] atoms defaults to false (true is
+                   refused) and rk_order must be 2; quadrature particles drop their density.
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     enabled (false: no Eulerian solve, the particles alone; needs [particles]),
@@ -48,7 +54,8 @@ from pathlib import Path
 from .guards import check_model
 from .model import UNSCALED_EXPONENT_MAX
 
-__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference"]
+__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference",
+           "build_noise"]
 
 
 class ConfigError(ValueError):
@@ -57,7 +64,8 @@ class ConfigError(ValueError):
 
 DEFAULTS = {
     "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None,
-              "normalisation": "softmax", "unnormalised_scale": "none"},
+              "normalisation": "softmax", "unnormalised_scale": "none",
+              "noise": 0.0, "noise_schedule": "constant", "noise_time": None, "noise_breakpoints": None},
     "initial": {"kind": "uniform"},
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
@@ -78,6 +86,9 @@ INITIAL_KEYS = {
 }
 
 BETA_RANGE = (1e-3, 1e6)
+# Largest noise ν: it makes any density uniform by t ~ 1/(2ν) = 5e-4, and the heat flow costs about
+# 4 ν dt / h² sparse products per step (spherepde.transport.diffusion), so beyond it a run only slows.
+NOISE_MAX = 1e3
 
 REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
 
@@ -257,6 +268,7 @@ def resolve(raw: dict) -> dict:
         if np.linalg.matrix_rank(np.array(model["B"])) < 3:
             raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
         model["beta"] = "inf"  # JSON has no infinity
+    noisy = _resolve_noise(model)
 
     cfg["initial"] = _resolve_initial(cfg["initial"])
 
@@ -296,6 +308,14 @@ def resolve(raw: dict) -> dict:
     cap = eul["max_atoms"]
     if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
         raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")
+    if noisy:
+        if eul["atoms"] and "atoms" in raw.get("eulerian", {}):
+            raise ConfigError(f"[eulerian] atoms: point masses do not survive noise ([model] noise = "
+                              f"{model['noise']:g} > 0): set atoms = false, the default with noise")
+        eul["atoms"] = False
+        if eul["rk_order"] != 2:
+            raise ConfigError(f"[eulerian] rk_order: must be 2 with noise ([model] noise = {model['noise']:g} > 0: "
+                              f"the integrating-factor step of the diffusion), got {eul['rk_order']}")
 
     tm = cfg["time"]
     tm["t_end"] = _number("time", "t_end", tm["t_end"], positive=True)
@@ -333,6 +353,61 @@ def resolve(raw: dict) -> dict:
         except ValueError as exc:
             raise ConfigError(f"[{section}] {exc}") from None
     return cfg
+
+
+def _resolve_noise(model) -> bool:
+    """Check the noise keys of [model] in place; True when there is noise (ν ≢ 0). Keys that the
+    schedule does not use are recorded as None."""
+    from .noise import SCHEDULES, NoiseSchedule
+
+    model["noise"] = _number("model", "noise", model["noise"], low=0.0, high=NOISE_MAX)
+    schedule = model["noise_schedule"]
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise ConfigError(f"[model] noise_schedule: must be one of {', '.join(map(repr, SCHEDULES))}, "
+                          f"got {schedule!r}")
+    if model["noise_time"] is not None:
+        model["noise_time"] = _number("model", "noise_time", model["noise_time"], positive=True)
+    if schedule in ("exponential", "linear"):
+        if model["noise_time"] is None:
+            raise ConfigError(f'[model] noise_time: required by noise_schedule = "{schedule}" '
+                              "(the time scale τ of the decay)")
+    else:
+        model["noise_time"] = None
+    points = model["noise_breakpoints"]
+    if schedule == "piecewise":
+        if points is None:
+            raise ConfigError('[model] noise_breakpoints: required by noise_schedule = "piecewise" '
+                              "([[0, s0], [t1, s1], ...]: times and factors of noise)")
+        if not isinstance(points, list) or not points:
+            raise ConfigError(f"[model] noise_breakpoints: must be a non-empty list of [t, factor] pairs, "
+                              f"got {points!r}")
+        checked = []
+        for i, pair in enumerate(points):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ConfigError(f"[model] noise_breakpoints[{i}]: must be a pair [t, factor], got {pair!r}")
+            t = _number("model", f"noise_breakpoints[{i}][0]", pair[0], low=0.0)
+            factor = _number("model", f"noise_breakpoints[{i}][1]", pair[1], low=0.0)
+            if i == 0 and t != 0.0:
+                raise ConfigError(f"[model] noise_breakpoints[0][0]: the first time must be 0, got {t:g}")
+            if i > 0 and t <= checked[-1][0]:
+                raise ConfigError(f"[model] noise_breakpoints[{i}][0]: times must increase, got {t:g} "
+                                  f"after {checked[-1][0]:g}")
+            checked.append([t, factor])
+        largest = model["noise"] * max(f for _, f in checked)
+        if largest > NOISE_MAX:
+            raise ConfigError(f"[model] noise_breakpoints: noise × the largest factor = {largest:g}, must be "
+                              f"<= {NOISE_MAX:g} (as noise itself)")
+        model["noise_breakpoints"] = checked
+    else:
+        model["noise_breakpoints"] = None
+    return not NoiseSchedule(model["noise"], schedule, model["noise_time"], model["noise_breakpoints"]).is_zero
+
+
+def build_noise(spec: dict):
+    """The spherepde.noise.NoiseSchedule of a resolved [model] section, or None without noise."""
+    from .noise import NoiseSchedule
+
+    return NoiseSchedule.from_config(spec)
 
 
 def _resolve_particles(pt, tm):
@@ -403,7 +478,9 @@ RESUME_MAY_CHANGE = ("output", "guards")
 # file implies (random weights came later: its B and V were given)
 ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0,
               ("model", "weights"): "given", ("model", "normalisation"): "softmax",
-              ("model", "unnormalised_scale"): "none"}
+              ("model", "unnormalised_scale"): "none", ("model", "noise"): 0.0,
+              ("model", "noise_schedule"): "constant", ("model", "noise_time"): None,
+              ("model", "noise_breakpoints"): None}
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:

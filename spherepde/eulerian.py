@@ -11,6 +11,14 @@ Along the way the solver records the quantities of the density lower bound:
 every exact velocity evaluation when ε > 0) and its time integral (trapezoidal rule), which give
 the a-posteriori bound ℓ₀·exp(−∫₀ᵗ sup div v ds) and the paper's form ½ℓ₀e^{−C₀t}.
 
+With noise (a spherepde.noise.NoiseSchedule ν(t)) the equation is ∂_t f + div_S(f v[f]) = ν(t)Δ_S f:
+the Laplace–Beltrami operator of spherepde.transport.diffusion, integrated exactly inside the
+SSP-RK2 stages in integrating-factor form (spherepde.transport.stepping): second order in time,
+positive and conservative for any ν dt, no extra velocity evaluations. Diffusion only raises
+the minimum of f, so the density lower bound above still holds. Atoms are refused with noise:
+a point mass under Brownian motion is no longer a point (the exact solution has none for t > 0),
+and a sub-cell cluster that diffusion spreads out would stay an atom.
+
 Every step passes the run guards (spherepde.guards), which raise RunFailure with the time, the
 cell and the state at failure. A run can be continued from any snapshot: the record of a
 snapshot holds all the solver state besides the density (SolverState.from_record), so
@@ -37,9 +45,10 @@ from .io import CELL_DIM, CELL_INDEX_ATTRS, TIME_ATTRS, attr_value, crs_attrs, x
 from .summation import DEFAULT_TOL, AttentionField, NearField, attention_field, mesh_sources, table_bytes
 from .timeline import progress_bar, save_times
 from .transport import FluxDivergence, SSPStepper, kernels
+from .transport.diffusion import MeshDiffusion
 from .transport.stepping import StepSizeCollapse
 
-__all__ = ["EulerianSolver", "SNAPSHOT_META", "ATOM_META", "SolverState"]
+__all__ = ["EulerianSolver", "SNAPSHOT_META", "ATOM_META", "NOISE_META", "SolverState"]
 
 # per-snapshot records of a run: name → (long_name, units)
 SNAPSHOT_META = {
@@ -62,6 +71,13 @@ SNAPSHOT_META = {
                            "previous snapshot (0: exact velocity at every stage)", "1"),
 }
 
+# per-snapshot records of a run with noise (only then: files without noise keep their layout)
+NOISE_META = {
+    "noise": ("diffusion coefficient ν(t) of the noise at the snapshot", "1"),
+    "noise_integral": ("∫_0^t ν ds: the heat flow so far is exp(∫ν · Δ_S)", "1"),
+    "heat_products": ("sparse products of the heat flow (uniformisation) since t = 0", "1"),
+}
+
 
 @dataclass(frozen=True)
 class SolverState:
@@ -79,6 +95,7 @@ class SolverState:
     velocity_interval: float = 0.0
     velocity_interval_linear: float = 0.0
     atoms: dict | None = None  # Atoms.state() (arrays and counters), when atoms are on
+    heat_products: int = 0  # sparse products of the heat flow so far, with noise
 
     @classmethod
     def from_record(cls, index, density, record, arrays=None):
@@ -92,7 +109,8 @@ class SolverState:
         return cls(index, np.array(density, dtype=float), float(record["step_safety"]),
                    int(record["steps"]), int(record["steps_rejected"]), float(record["sup_div"]),
                    float(record["integrated_sup_div"]), float(record["max_sup_div"]),
-                   float(record["velocity_interval"]), float(record["velocity_interval_linear"]), atoms)
+                   float(record["velocity_interval"]), float(record["velocity_interval_linear"]), atoms,
+                   int(record.get("heat_products", 0)))
 
 
 class EulerianSolver:
@@ -106,12 +124,21 @@ class EulerianSolver:
     to the edge fluxes extrapolated between exact evaluations (ExtrapolatedFlux).
     atoms: None (density only) or a dict of Atoms options (capacity, width, min_mass, merge):
     the state becomes density plus atoms (module docstring); self.atoms is the Atoms.
+    noise: None or a spherepde.noise.NoiseSchedule (module docstring); with ν ≢ 0 it needs
+    rk_order 2 and no atoms (ValueError otherwise); self.diffusion is then the MeshDiffusion.
     """
 
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
-                 near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None):
+                 near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None,
+                 noise=None):
         check_model(model.B, model.V, model.beta)
+        self.noise = None if noise is None or noise.is_zero else noise
+        if self.noise is not None and atoms is not None:
+            raise ValueError("atoms do not combine with noise: a point mass under Brownian motion spreads "
+                             "(run with atoms off)")
+        if self.noise is not None and rk_order != 2:
+            raise ValueError(f"noise needs rk_order 2 (the integrating-factor step), got {rk_order!r}")
         self.mesh = mesh
         self.model = model
         self.scheme = scheme
@@ -135,9 +162,11 @@ class EulerianSolver:
             self._lag = ExtrapolatedFlux(self.velocity_tolerance, mesh.edge_weights.shape)
             stage_flux = self._stage_flux
         self.atoms = None if atoms is None else Atoms(mesh, **atoms)
+        self.diffusion = None if self.noise is None else MeshDiffusion(mesh)
         self.stepper = SSPStepper(self.operator, stage_flux, order=rk_order, cfl=cfl,
                                   dt_floor=self.guards.dt_floor,
-                                  point_velocity=None if atoms is None else self.atom_velocity)
+                                  point_velocity=None if atoms is None else self.atom_velocity,
+                                  diffusion=self.diffusion, noise=self.noise)
 
     def _point_sources(self, points):
         """(positions, masses) of the atoms as point sources: at the stage positions `points`
@@ -267,6 +296,7 @@ class EulerianSolver:
         # the stepper counts over its lifetime; report the counts since t = 0
         steps_before = self.stepper.steps - start.steps
         rejected_before = self.stepper.rejected - start.rejected
+        products_before = 0 if self.diffusion is None else self.diffusion.products - start.heat_products
         self.stepper.safety = start.safety  # the step-size controller has state
         state = {"t": times[start.index], "sup_div": start.sup_div, "integral": start.integral,
                  "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index]}
@@ -345,6 +375,9 @@ class EulerianSolver:
                 record.update({"atom_count": atoms.count, "atom_mass_total": atoms.total_mass,
                                "mesh_mass": mesh.integrate(f), "atoms_created": atoms.created_count,
                                "atoms_merged": atoms.merged_count, "atoms_refused": atoms.refused_count})
+            if self.noise is not None:
+                record.update({"noise": self.noise(t_save), "noise_integral": self.noise.integral(0.0, t_save),
+                               "heat_products": self.diffusion.products - products_before})
             yield k, t_save, f, record
 
     def run(self, f0, t_end: float, save_every: float, C0: float | None = None,
@@ -386,7 +419,8 @@ class EulerianSolver:
                          "grid_mapping": "crs"}),
             "crs": ((), np.int32(0), crs_attrs(mesh.level)),
         }
-        meta = dict(SNAPSHOT_META, **(ATOM_META if self.atoms is not None else {}))
+        meta = dict(SNAPSHOT_META, **(ATOM_META if self.atoms is not None else {}),
+                    **(NOISE_META if self.noise is not None else {}))
         for name, (long_name, units) in meta.items():
             data[name] = ("time", np.array([r[name] for r in records]), {"long_name": long_name, "units": units})
         if atom_states:
@@ -407,4 +441,6 @@ class EulerianSolver:
             "C0_source": "largest sup div v seen in the run" if c0_default else "user",
             "rejected_steps": rejected,
         }.items()})
+        if self.noise is not None:
+            ds.attrs["noise"] = self.noise.describe()
         return ds

@@ -15,6 +15,24 @@ Time steppers (fixed dt, shortened to land on every save time):
 - "euler": the paper's scheme x ← (x + Δt v)/|x + Δt v|, log f ← log f − Δt div v;
 - "rk4": classical Runge–Kutta on (x, log f), stages evaluated at normalised points, the update
   normalised (a projection method: fourth order on the sphere).
+
+Noise (a spherepde.noise.NoiseSchedule ν(t)): the tokens follow dX = v dt + √(2ν) dW on S² (generator
+νΔ_S plus the drift), whose law solves ∂_t f + div_S(f v) = νΔ_S f. Each step is the drift step of
+the scheme above followed by a geodesic random walk step (Lie splitting):
+
+    x ← cos(s|η|) x + sin(s|η|) η/|η|,   η = P_x ξ, ξ ~ N(0, I₃), s = √(2 N(t, t + dt)),
+
+N = ∫ν over the step: x moves along the great circle in the direction of a tangent Gaussian, so
+it stays on S² to round-off. Weak order 1: for pure noise E[x_{n+1} | x_n] = m(s) x_n exactly, with
+m(s) = E[cos(sR)] = 1 − √2 s D(s/√2) (R Rayleigh, D Dawson's integral) = 1 − s² + s⁴/3 − …,
+against e^{−2ν dt} = 1 − s² + s⁴/2 − … for the Brownian motion: the scheme's E[x_t] is
+m(s)^{t/dt} x₀ = e^{−2νt}(1 − (2/3)ν²t dt + …) x₀, a bias of order dt (validation/noise.py measures
+it). The random numbers of step j after snapshot k come from SeedSequence(seed, spawn_key =
+(NOISE_STREAM, k, j)): no generator state to store, so a run resumed at snapshot k draws what
+the uninterrupted run drew, and the noise is independent of the stream that sampled the tokens
+(SeedSequence(seed), no spawn key).
+Carried densities do not survive noise (along a noisy path d log f/dt ≠ −div v): carry_density
+with noise is refused; quadrature particles with noise are weighted Brownian particles.
 """
 
 from __future__ import annotations
@@ -29,9 +47,11 @@ from .guards import Guards, check_model
 from .summation import attention_field, project_velocity, zero_temperature_field
 from .timeline import save_times
 
-__all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES"]
+__all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES",
+           "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM"]
 
 SCHEMES = ("euler", "rk4")
+NOISE_STREAM = 0x6E6F6973  # first spawn-key word of the noise streams ("nois")
 
 
 @njit(cache=True, parallel=True)
@@ -60,6 +80,26 @@ def _normalise(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
+def geodesic_noise_step(x, s, xi):
+    """The geodesic random walk step of the module docstring: exp_x(s P_x ξ) for positions x (n, 3)
+    and standard normal ξ (n, 3); s ≥ 0 the step scale √(2∫ν). Returns new unit vectors."""
+    eta = xi - np.einsum("nd,nd->n", xi, x)[:, None] * x
+    r = np.linalg.norm(eta, axis=1)
+    safe = np.where(r > 0, r, 1.0)
+    angle = s * r
+    out = np.cos(angle)[:, None] * x + (np.sin(angle) / safe)[:, None] * eta
+    return _normalise(out)
+
+
+def noise_mean_factor(s):
+    """m(s) = E[cos(sR)], R the norm of a standard 2-d Gaussian: E[x_{n+1} | x_n] = m(s) x_n for a
+    pure-noise step of geodesic_noise_step. Closed form 1 − √2 s D(s/√2), D Dawson's integral."""
+    from scipy.special import dawsn
+
+    s = np.asarray(s, dtype=float)
+    return 1.0 - math.sqrt(2.0) * s * dawsn(s / math.sqrt(2.0))
+
+
 def tokens_from_law(law, n, seed=None):
     """n tokens sampled i.i.d. from an initial law, weights 1/n."""
     if not (isinstance(n, (int, np.integer)) and n >= 1):
@@ -83,10 +123,12 @@ class ParticleSolver:
     scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f along the paths
     (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞ use the token
     hardmax rule (True) or the local mean-field limit (False, required with carry_density).
+    noise: None or a spherepde.noise.NoiseSchedule; seed (integer ≥ 0) of its random streams
+    (module docstring). Noise refuses carry_density.
     """
 
     def __init__(self, model, scheme: str = "rk4", dt: float = 0.01, carry_density: bool = False,
-                 hardmax: bool | None = None):
+                 hardmax: bool | None = None, noise=None, seed: int = 0):
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         if not (math.isfinite(dt) and dt > 0):
@@ -102,6 +144,13 @@ class ParticleSolver:
         check_model(model.B, model.V, model.beta)
         self.hardmax = bool(hardmax) and model.zero_temperature
         self.evaluations = 0
+        self.noise = None if noise is None or noise.is_zero else noise
+        if self.noise is not None and self.carry_density:
+            raise ValueError("carried densities do not survive noise (d log f/dt = −div v holds only along "
+                             "noiseless paths): use carry_density=False with noise")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        self.seed = int(seed)
 
     # ------------------------------------------------------------------ the field
     def field(self, x, weights):
@@ -140,6 +189,18 @@ class ParticleSolver:
             return x_new, None
         return x_new, log_f - dt / 6 * (k_f[0] + 2 * k_f[1] + 2 * k_f[2] + k_f[3])
 
+    def noise_step(self, x, t0, t1, k, j):
+        """The noise of the step from t0 to t1 (step j after snapshot k - 1, i.e. toward snapshot
+        k): a geodesic random walk step drawn from its own stream (module docstring)."""
+        if self.noise is None:
+            return x
+        amount = self.noise.integral(t0, t1)
+        if amount == 0.0:
+            return x
+        stream = np.random.SeedSequence(self.seed, spawn_key=(NOISE_STREAM, int(k), int(j)))
+        xi = np.random.Generator(np.random.PCG64(stream)).standard_normal(x.shape)
+        return geodesic_noise_step(x, math.sqrt(2.0 * amount), xi)
+
     def snapshots(self, x0, weights, times, log_f0=None, resume_from: int | None = None):
         """Yield (k, t, x, log_f) at each of the increasing times (times[0] is the start).
 
@@ -164,12 +225,15 @@ class ParticleSolver:
         t = float(times[first])
         for k in range(first + 1, len(times)):
             t_next = times[k]
+            j = 0
             while t < t_next:
                 remaining = t_next - t
                 # take the fixed dt, but never leave a sliver shorter than dt/1000 before a save
                 dt = remaining if remaining <= self.dt * 1.001 else self.dt
                 x, log_f = self.step(x, log_f, w, dt)
-                t = t_next if dt == remaining else t + dt
+                t_new = t_next if dt == remaining else t + dt
+                x = self.noise_step(x, t, t_new, k, j)
+                t, j = t_new, j + 1
                 Guards.particles(t, x, log_f)
             yield k, t, x, log_f
 
@@ -194,5 +258,7 @@ class ParticleSolver:
         ds = xr.Dataset(data, coords={"time": ("time", np.array(times), {"units": "1", "axis": "T"})})
         ds.attrs.update({"scheme": self.scheme, "dt": self.dt, "hardmax": int(self.hardmax),
                          "field_evaluations": self.evaluations})
+        if self.noise is not None:
+            ds.attrs.update({"noise": self.noise.describe(), "noise_seed": self.seed})
         return ds
 

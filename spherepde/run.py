@@ -17,6 +17,10 @@ When things go wrong (README, "Failure behaviour"):
   its file: every piece of solver state is read back (the density and the stepper's state from
   the Eulerian record, positions and carried log-densities of the particles), so the result
   equals the uninterrupted run's.
+
+With [model] noise > 0 both solvers get the noise schedule (spherepde.noise): the mesh diffuses,
+tokens take Brownian steps from streams derived from [particles] seed (nothing to store for
+--resume), quadrature particles become weighted Brownian particles without a carried density.
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .config import build_initial_law, build_model, difference
+from .config import build_initial_law, build_model, build_noise, difference
 from .diagnostics import DIAGNOSTIC_META, MeasureDiagnostics, lyapunov, lyapunov_cell_averages, w2_binned
 from .atoms import ATOM_ARRAYS
-from .eulerian import ATOM_META, SNAPSHOT_META, EulerianSolver, SolverState
+from .eulerian import ATOM_META, NOISE_META, SNAPSHOT_META, EulerianSolver, SolverState
 from .guards import Guards, RunFailure
 from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, read_resume_point, timestamp
 from .mesh import HealpixMesh
@@ -101,11 +105,13 @@ def _atom_options(eul):
             "merge": eul["atom_merge"], "feeding": eul["atom_feeding"]}
 
 
-def _particle_setup(config, model, law, mesh):
-    """The _Particles of the [particles] section, or None."""
+def _particle_setup(config, model, law, mesh, noise):
+    """The _Particles of the [particles] section, or None. With noise, quadrature particles carry
+    no density (spherepde.particles)."""
     pt = config["particles"]
     if not pt:
         return None
+    carry = pt["mode"] == "quadrature" and noise is None
     if pt["mode"] == "tokens":
         rng = np.random.default_rng(pt["seed"])
         x0, weights = tokens_from_law(law, pt["n"], rng)
@@ -114,7 +120,9 @@ def _particle_setup(config, model, law, mesh):
     else:
         x0, weights, log_f0 = quadrature_particles(mesh, law)
         rng_record = None
-    solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=pt["mode"] == "quadrature")
+        if not carry:
+            log_f0 = None
+    solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"])
     return _Particles(solver, x0, weights, log_f0, rng_record)
 
 
@@ -138,6 +146,7 @@ class _Setup:
         eul, dg, pt = config["eulerian"], config["diagnostics"], config["particles"]
         self.config = config
         self.model = model = build_model(config["model"])
+        self.noise = noise = build_noise(config["model"])
         law = build_initial_law(config["initial"])
         self.eulerian = eul["enabled"]
         quadrature = pt is not None and pt["mode"] == "quadrature"
@@ -151,10 +160,12 @@ class _Setup:
             "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
             "initial_law": repr(law), "lyapunov_p": dg["p"],
         }
+        if noise is not None:
+            self.attrs.update({"noise": noise.level, "noise_schedule": noise.schedule, "noise_law": noise.describe()})
         self.f0 = self.solver = self.measure = self.diagnostics = None
         if self.eulerian:
             self._eulerian_layout(law, eul, dg)
-        self.particles = _particle_setup(config, model, law, self.mesh)
+        self.particles = _particle_setup(config, model, law, self.mesh, noise)
         if self.particles:
             self._particle_layout(config["particles"], dg)
         # the attributes of the end of the run, with placeholder values of the final types: set
@@ -175,7 +186,7 @@ class _Setup:
                                      summation=eul["summation"], tolerance=eul["tolerance"],
                                      near_field=eul["near_field"],
                                      velocity_tolerance=eul["velocity_tolerance"],
-                                     atoms=_atom_options(eul))
+                                     atoms=_atom_options(eul), noise=self.noise)
         self.measure = measure = _CellMeasure(mesh, model, dg["p"])
         self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
                                               w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
@@ -197,6 +208,10 @@ class _Setup:
             "diagnostics_measure": (f"cell averages on an exact-area rule of order {QUADRATURE_ORDER} per cell; "
                                     "V_p with the singular integrand integrated adaptively per cell"),
         })
+        if self.noise is not None:
+            self.variables.update(NOISE_META)
+            self.attrs["noise_scheme"] = ("Laplace-Beltrami on the mesh: symmetric positive 8-neighbour rates, "
+                                          "exact heat flow (uniformisation) in integrating-factor SSP-RK2")
         if self.solver.atoms is not None:
             self.variables.update(ATOM_META)
             self.dims.update(atom=self.solver.atoms.capacity, xyz=3)
@@ -221,6 +236,10 @@ class _Setup:
         self.attrs.update({"particle_mode": pt["mode"], "particle_scheme": psolver.scheme,
                            "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
                            "particle_lyapunov_initial": self.pdiag.lyapunov0})
+        if self.noise is not None:
+            # its random streams come from [particles] seed, in the config attribute
+            self.attrs["particle_noise_scheme"] = ("geodesic random walk after each drift step (weak order 1), "
+                                                   "streams from [particles] seed")
         if rng_record is not None:
             self.attrs["particle_rng"] = rng_record
 

@@ -355,7 +355,7 @@ def _numba_threads(n):
 def warm_up(specs, log=None):
     """Compile (or load from numba's cache) every kernel the runs need, here, before any worker
     starts: several processes building the same numba cache files at once can crash (DESIGN §6).
-    One short run per kind of run: β = ∞ or not, mesh, scheme, particles; the smallest and the
+    One short run per kind of run: β = ∞ or not, mesh, scheme, particles, noise; the smallest and the
     largest β of each kind, since the attention sum switches to the tree at large β."""
     from .run import execute
 
@@ -363,8 +363,9 @@ def warm_up(specs, log=None):
     for spec in specs:
         c = spec.config
         pt = c["particles"]
+        noisy = c["model"].get("noise", 0.0) > 0  # the diffusion kernels
         kind = (c["model"]["beta"] == "inf", c["eulerian"]["nside"], c["eulerian"]["scheme"],
-                c["eulerian"]["rk_order"], None if pt is None else (pt["mode"], pt["scheme"]))
+                c["eulerian"]["rk_order"], None if pt is None else (pt["mode"], pt["scheme"]), noisy)
         kinds.setdefault(kind, []).append(spec)
     def beta(spec):
         value = spec.config["model"]["beta"]

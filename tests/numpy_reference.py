@@ -136,3 +136,29 @@ def unnormalised_field(targets, B, V, beta, sources, masses, log_scale=0.0):
     K = np.einsum("ab,tbc,dc->tad", Vl, S, Bl)  # V S Bᵀ
     div = ld(beta) * np.einsum("tab,tba->t", P, K) - 2 * xu
     return v.astype(float), div.astype(float)
+
+
+def graph_laplacian(f, neighbours, rates):
+    """(L f)_c = Σ_j q_cj (f_j − f_c), vectorised gather."""
+    return np.sum(rates * (f[neighbours] - f[:, None]), axis=1)
+
+
+def uniformization(f, neighbours, rates, poisson):
+    """Σ_k poisson[k] P^k f with P = I + L/Λ, Λ = max row sum, applied as g + L g / Λ."""
+    rate = rates.sum(axis=1).max()
+    out = poisson[0] * f
+    g = f.copy()
+    for p in poisson[1:]:
+        g = g + graph_laplacian(g, neighbours, rates) / rate
+        out = out + p * g
+    return out
+
+
+def rotation_noise_step(x, s, xi):
+    """exp_x(s P_x ξ) as a rotation (Rodrigues) of x about the axis x × η by the angle s|η|."""
+    eta = xi - np.sum(xi * x, axis=1, keepdims=True) * x
+    r = np.linalg.norm(eta, axis=1, keepdims=True)
+    axis = np.cross(x, eta) / np.where(r > 0, r, 1.0)
+    angle = s * r
+    # Rodrigues: x cos θ + (k × x) sin θ + k (k·x)(1 − cos θ), with k ⊥ x
+    return x * np.cos(angle) + np.cross(axis, x) * np.sin(angle)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from spherepde import AttentionModel, EulerianSolver, ParticleSolver
 from spherepde.cli import main
-from spherepde.config import DEFAULTS, ConfigError, build_initial_law, build_model, load, resolve
+from spherepde.config import DEFAULTS, ConfigError, build_initial_law, build_model, build_noise, load, resolve
 from spherepde.guards import RunFailure
 import spherepde.io
 from spherepde.io import RUN_END_ATTRS, RunFileError, open_run
@@ -72,7 +72,9 @@ components = st.lists(st.builds(lambda mu, kappa: f"{{ mu = {mu}, kappa = {kappa
                       min_size=1, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]")
 VALUES = {"B": matrices_toml, "V": matrices_toml, "cov": matrices_toml, "mu": vectors, "mean": vectors,
           "weights": st.lists(numbers, min_size=1, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]"),
-          "components": components, "kind": others, "scheme": others, "mode": others}
+          "components": components, "kind": others, "scheme": others, "mode": others,
+          "noise_schedule": st.one_of(st.sampled_from(['"constant"', '"exponential"', '"linear"', '"piecewise"']), others),
+          "noise_breakpoints": st.lists(listed(numbers, 2), min_size=1, max_size=3).map(lambda xs: "[" + ", ".join(xs) + "]")}
 SECTION_KEYS = dict({s: sorted(t) for s, t in DEFAULTS.items()},
                     initial=["kind", "mu", "kappa", "weights", "components", "mean", "cov"])
 GOOD = PAPER_VMF_CONFIG + "\n[eulerian]\nnside = 2\n\n[time]\nt_end = 0.2\nsave_every = 0.1\n"
@@ -118,7 +120,10 @@ def test_random_toml_gives_config_error_or_a_runnable_config(text, mesh_factory)
     json.dumps(cfg, allow_nan=False)  # what the run file stores
     model = build_model(cfg["model"])
     mesh = mesh_factory(1)
-    EulerianSolver(mesh, model)
+    noise = build_noise(cfg["model"])  # None without noise
+    EulerianSolver(mesh, model, rk_order=cfg["eulerian"]["rk_order"], noise=noise)
+    if noise is not None:
+        assert math.isfinite(noise.integral(0.0, min(cfg["time"]["t_end"], 1.0))) and noise(0.0) >= 0
     f0 = build_initial_law(cfg["initial"]).cell_averages(mesh)
     assert np.all(np.isfinite(f0)) and np.all(f0 >= 0) and mesh.integrate(f0) == pytest.approx(1.0, rel=1e-9)
 

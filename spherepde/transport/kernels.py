@@ -23,6 +23,9 @@ __all__ = [
     "upwind_edge_fluxes",
     "muscl_edge_fluxes",
     "flux_divergence",
+    "graph_laplacian",
+    "uniformization",
+    "uniformization_serial",
 ]
 
 
@@ -170,3 +173,69 @@ def flux_divergence(flux, cell_edges, cell_edge_sign, inv_area, out):
         for j in range(4):
             total += cell_edge_sign[c, j] * flux[cell_edges[c, j]]
         out[c] = -inv_area * total
+
+
+# ------------------------------------------------------------------ diffusion (spherepde.transport.diffusion)
+@njit(cache=True, parallel=True)
+def graph_laplacian(f, neighbours, rates, out):
+    """out[c] = Σ_j rates[c, j] (f[neighbours[c, j]] − f[c]): the mesh Laplace–Beltrami operator
+    (rates symmetric: rates[c, j] = rates[d, i] when d = neighbours[c, j], c = neighbours[d, i])."""
+    ncell, nnbr = rates.shape
+    for c in prange(ncell):
+        fc = f[c]
+        total = 0.0
+        for j in range(nnbr):
+            total += rates[c, j] * (f[neighbours[c, j]] - fc)
+        out[c] = total
+
+
+@njit(cache=True, parallel=True)
+def uniformization(f, neighbours, rates, diagonal, inv_rate, poisson, out, work_a, work_b):
+    """out = Σ_k poisson[k] P^k f with P = I + L/Λ (uniformisation of exp(μL), μ = Λ·amount).
+
+    (P g)[c] = diagonal[c] g[c] + inv_rate Σ_j rates[c, j] g[neighbours[c, j]] with diagonal[c] =
+    1 − Σ_j rates[c, j]/Λ ≥ 0 and inv_rate = 1/Λ: every term is ≥ 0 for g ≥ 0, so the result is
+    non-negative, and Σ_c (P g)[c] = Σ_c g[c] (rates symmetric) keeps the mass. work_a, work_b:
+    scratch arrays of f's size; f is not modified.
+    """
+    ncell, nnbr = rates.shape
+    p0 = poisson[0]
+    for c in prange(ncell):
+        work_a[c] = f[c]
+        out[c] = p0 * f[c]
+    src = work_a
+    dst = work_b
+    for k in range(1, poisson.shape[0]):
+        pk = poisson[k]
+        for c in prange(ncell):
+            total = 0.0
+            for j in range(nnbr):
+                total += rates[c, j] * src[neighbours[c, j]]
+            value = diagonal[c] * src[c] + inv_rate * total
+            dst[c] = value
+            out[c] += pk * value
+        src, dst = dst, src
+
+
+@njit(cache=True)
+def uniformization_serial(f, neighbours, rates, diagonal, inv_rate, poisson, out, work_a, work_b):
+    """uniformization (same arguments, same result to the bit) without threads: a parallel region
+    per product costs more than the product on small meshes, and far more on a busy machine, where
+    every region waits for time slices."""
+    ncell, nnbr = rates.shape
+    p0 = poisson[0]
+    for c in range(ncell):
+        work_a[c] = f[c]
+        out[c] = p0 * f[c]
+    src = work_a
+    dst = work_b
+    for k in range(1, poisson.shape[0]):
+        pk = poisson[k]
+        for c in range(ncell):
+            total = 0.0
+            for j in range(nnbr):
+                total += rates[c, j] * src[neighbours[c, j]]
+            value = diagonal[c] * src[c] + inv_rate * total
+            dst[c] = value
+            out[c] += pk * value
+        src, dst = dst, src
