@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-SUITES = ("transport", "exact", "lagrangian", "paper", "atoms")
+SUITES = ("transport", "exact", "lagrangian", "paper", "atoms", "variants")
 EXIT_USAGE, EXIT_GUARD, EXIT_WRITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 4, 130, 143
 
 
@@ -257,6 +257,10 @@ def _validate(args):
             from validation import atoms
 
             atoms.run_suite(args.out, quick=args.quick, slow=args.slow, nsides=args.nside)
+        elif suite == "variants":
+            from validation import variants
+
+            variants.run_suite(args.out, quick=args.quick)
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
     return 0
 

@@ -94,6 +94,7 @@ def test_validate_without_suites_means_all_of_them(monkeypatch, tmp_path):
     import validation.lagrangian
     import validation.paper
     import validation.transport
+    import validation.variants
 
     for name in cli.SUITES:
         monkeypatch.setattr(getattr(validation, name), "run_suite", fake(name))
@@ -102,3 +103,18 @@ def test_validate_without_suites_means_all_of_them(monkeypatch, tmp_path):
     ran.clear()
     assert cli.main(["validate", "atoms", "--out", str(tmp_path / "one")]) == 0
     assert ran == ["atoms"]
+
+
+def test_variants_suite_runs_every_variant_and_lists_their_reports(tmp_path, monkeypatch):
+    import validation.noise
+    import validation.unnormalised
+    import validation.variants
+
+    ran = []
+    for name in ("noise", "unnormalised"):
+        monkeypatch.setattr(getattr(validation, name), "run_suite",
+                            lambda out, quick=False, progress=True, name=name: ran.append((name, quick)))
+    path = validation.variants.run_suite(tmp_path, quick=True, progress=False)
+    assert sorted(ran) == [("noise", True), ("unnormalised", True)]
+    text = path.read_text()
+    assert "[noise.md](noise.md)" in text and "[unnormalised.md](unnormalised.md)" in text

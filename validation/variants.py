@@ -1,0 +1,42 @@
+"""The model variants against their exact references (`spherepde validate variants`).
+
+One suite per variant, each a module with its own report and its own docstring:
+
+- validation.unnormalised: the log-partition function of every summation path, unnormalised
+  attention (vMF closed form, Funk–Hecke growth rates ℓ(ℓ+1)i_ℓ(β)/β, the interaction energy
+  non-decreasing for B = V symmetric) → DIR/unnormalised.md;
+- validation.noise: the heat equation on the mesh (Y_ℓ decay, observed orders), growth rates with
+  noise (minus νℓ(ℓ+1)), E[x_t] = e^{−2νt}x₀ for Brownian particles → DIR/noise.md.
+
+DIR/variants.md lists them with the time each took. `quick` gives CI-sized runs of each.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+__all__ = ["run_suite", "SUITES"]
+
+# (module, report file, what it checks)
+SUITES = (("unnormalised", "unnormalised.md", "unnormalised attention and the log-partition function"),
+          ("noise", "noise.md", "diffusion on the mesh and Brownian particles"))
+
+
+def run_suite(out, quick=False, progress=True, **_):
+    """Run every variant's suite into OUT and write OUT/variants.md; returns its path."""
+    import importlib
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
+    lines = ["# The model variants", "", f"`spherepde validate variants{' --quick' if quick else ''} --out DIR`: "
+             "one report per variant.", "", "| variant | report | wall time (s) |", "|---|---|---|"]
+    for name, report, what in SUITES:
+        start = time.perf_counter()
+        say(f"  variants: {name}")
+        importlib.import_module(f"validation.{name}").run_suite(out, quick=quick, progress=progress)
+        lines.append(f"| {what} | [{report}]({report}) | {time.perf_counter() - start:.0f} |")
+    path = out / "variants.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
