@@ -10,7 +10,6 @@ import json
 import math
 
 import netCDF4
-import numba
 import numpy as np
 import pytest
 from scipy.integrate import quad
@@ -21,6 +20,7 @@ from scipy.special import eval_legendre, spherical_in
 import numpy_reference as ref
 from run_configs import PAPER_VMF_CONFIG
 from run_helpers import ROUND_OFF, run_difference
+from test_reliability import interrupt_after, one_numba_thread  # noqa: F401 (autouse: one numba thread)
 from spherepde import AttentionModel, EulerianSolver, ParticleSolver
 from spherepde.cli import main
 from spherepde.config import ADDED_KEYS, ConfigError, difference, resolve
@@ -36,15 +36,6 @@ from spherepde.transport import kernels
 AXIS = np.array([0.3, 0.4, 0.866]) / np.linalg.norm([0.3, 0.4, 0.866])
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    """Many small kernel calls: one thread avoids waiting for time slices on a busy machine."""
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -450,7 +441,7 @@ def test_a_file_written_before_noise_existed_resumes(tmp_path, capsys):
     cfg.write_text(CONFIG.replace("nside = 4", "nside = 2"))
     full, old = tmp_path / "full.nc", tmp_path / "old.nc"
     assert main(["run", str(cfg), "-o", str(full)]) == 0
-    assert interrupt_after(cfg, old, 2) == 130
+    interrupt_after(cfg, old, 2)  # asserts exit status 130
     with netCDF4.Dataset(old, "a") as nc:
         config = json.loads(nc.getncattr("config"))
         for section, key in ADDED_KEYS:
@@ -476,34 +467,6 @@ def test_noise_zero_in_the_config_is_the_noiseless_run_file(tmp_path):
     assert "noise" not in a.variables and "noise" not in b.attrs
 
 
-def interrupt_after(cfg, out, count):
-    """`spherepde run -v` in this process, stopped (KeyboardInterrupt) once `count` snapshots
-    are written; returns its exit status."""
-    import sys
-
-    class Stop:
-        seen = 0
-
-        def write(self, text):
-            if text.startswith("snapshot"):
-                Stop.seen += 1
-                if Stop.seen == count:
-                    raise KeyboardInterrupt
-            return len(text)
-
-        def flush(self):
-            pass
-
-        def isatty(self):
-            return False
-
-    stderr, sys.stderr = sys.stderr, Stop()
-    try:
-        return main(["run", str(cfg), "-o", str(out), "-v"])
-    finally:
-        sys.stderr = stderr
-
-
 @pytest.mark.parametrize("particles", [TOKENS, TOKENS.replace('"tokens"', '"quadrature"')], ids=["tokens", "quadrature"])
 def test_noisy_run_file_and_resume_equal_the_uninterrupted_run(tmp_path, particles):
     """Eulerian diffusion and Brownian particles through the CLI: the run file records ν; a run
@@ -513,7 +476,7 @@ def test_noisy_run_file_and_resume_equal_the_uninterrupted_run(tmp_path, particl
     cfg.write_text(with_model_keys(CONFIG, 'noise = 0.05\nnoise_schedule = "exponential"\nnoise_time = 0.3') + particles)
     full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
     assert main(["run", str(cfg), "-o", str(full)]) == 0
-    assert interrupt_after(cfg, cut, 3) == 130
+    interrupt_after(cfg, cut, 3)  # asserts exit status 130
     assert open_run(cut).sizes["time"] == 3
     assert main(["run", str(cfg), "-o", str(cut), "--resume"]) == 0
     assert run_difference(cut, full) <= ROUND_OFF

@@ -3,7 +3,6 @@ run. The particles never read the Eulerian state, so they must equal the particl
 same run with the Eulerian solver; the file has no cells; resume, plots, sweeps and bad input
 work as for any run."""
 
-import numba
 import numpy as np
 import pytest
 
@@ -11,7 +10,7 @@ from spherepde.cli import main
 from spherepde.io import open_run
 from run_helpers import ROUND_OFF, run_difference
 from run_configs import PAPER_VMF_CONFIG
-from test_reliability import interrupt_after
+from test_reliability import interrupt_after, one_numba_thread  # noqa: F401 (autouse: one numba thread)
 
 TOKENS = """
 [particles]
@@ -26,14 +25,6 @@ save_every = 0.1
 """
 ALONE = "\n[eulerian]\nenabled = false\nnside = 4\n"
 WITH_MESH = "\n[eulerian]\nnside = 4\n"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(threads)
 
 
 def write(folder, name, eulerian, mode="tokens"):
