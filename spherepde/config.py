@@ -7,6 +7,13 @@ A config has the sections
                    "-V"; spherepde.weights), weight_seed (integer ≥ 0) and weight_scale (> 0) of
                    the random laws. The resolved config holds the matrices, and `weights` records
                    the laws and seed they came from ("given" for two matrices).
+    [[model.heads]]  several heads instead of B, V (spherepde.heads; the velocity is the SUM of the
+                   heads' fields): tables of B, V (matrices or laws, as above) and beta (optional,
+                   default [model] beta); at most 64.
+    [[model.layers]] weights piecewise constant in depth instead of B, V: tables of start (the first
+                   0, strictly increasing, < t_end), and B, V (and beta) or their own
+                   [[model.layers.heads]]; at most 1000. The resolved config holds both as lists of
+                   {start, heads = [{B, V, beta}]} (heads: [{B, V, beta}]), every β explicit.
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     nside (power of two), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
@@ -51,7 +58,8 @@ class ConfigError(ValueError):
 
 
 DEFAULTS = {
-    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None},
+    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None,
+              "heads": None, "layers": None},
     "initial": {"kind": "uniform"},
     "eulerian": {"nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
@@ -74,6 +82,7 @@ INITIAL_KEYS = {
 BETA_RANGE = (1e-3, 1e6)
 
 REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
+MAX_LAYERS = 1000
 
 
 def load(path) -> dict:
@@ -167,11 +176,8 @@ def _check_keys(section, table, allowed):
             raise ConfigError(f"[{section}] {key}: unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})")
 
 
-def _resolve_weights(model, given):
-    """B and V as matrices (a law of spherepde.weights drawn with weight_seed, or the other
-    matrix); model["weights"] records where they came from."""
-    from . import weights
-
+def _weight_settings(model, given):
+    """Check weight_seed and weight_scale (and refuse a given `weights`)."""
     if "weights" in given:
         raise ConfigError("[model] weights: set by spherepde (the record of the laws of B and V); "
                           "give B, V and weight_seed instead")
@@ -179,6 +185,15 @@ def _resolve_weights(model, given):
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"[model] weight_seed: must be an integer >= 0, got {seed!r}")
     model["weight_scale"] = _number("model", "weight_scale", model["weight_scale"], positive=True)
+
+
+def _resolve_weights(model, given):
+    """B and V as matrices (a law of spherepde.weights drawn with weight_seed, or the other
+    matrix); model["weights"] records where they came from."""
+    from . import weights
+
+    _weight_settings(model, given)
+    seed = model["weight_seed"]
     names = weights.LAWS + weights.REFERENCES
     for key in ("B", "V"):
         if isinstance(model[key], str):
@@ -199,6 +214,127 @@ def _resolve_weights(model, given):
                             + f" (weight_seed {seed}, weight_scale {model['weight_scale']:g})")
 
 
+def _beta_value(section, value):
+    """A β: a positive number in BETA_RANGE or "inf"."""
+    beta = _number(section, "beta", value, positive=True, allow_inf=True)
+    if not math.isinf(beta) and not (BETA_RANGE[0] <= beta <= BETA_RANGE[1]):
+        raise ConfigError(f'[{section}] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
+                          f"(the validated range of the attention sum), got {beta:g}")
+    return beta
+
+
+def _combined(model) -> bool:
+    return model.get("heads") is not None or model.get("layers") is not None
+
+
+def _resolve_head(section, table, beta, seed, scale, key, laws):
+    """One head {B, V, beta} of a combined model (spherepde.heads), checked as [model] is; the
+    laws drawn from the stream `key`, recorded in laws."""
+    import numpy as np
+
+    from . import weights
+
+    for name in ("B", "V"):
+        if name not in table:
+            raise ConfigError(f"[{section}] {name}: required")
+    given = {}
+    names = weights.LAWS + weights.REFERENCES
+    for name in ("B", "V"):
+        value = table[name]
+        if isinstance(value, str):
+            if value not in names:
+                raise ConfigError(f"[{section}] {name}: must be a 3×3 matrix or one of "
+                                  f"{', '.join(map(repr, names))}, got {value!r}")
+            given[name] = value
+        else:
+            given[name] = _matrix(section, name, value)
+    beta = _beta_value(section, table["beta"]) if "beta" in table else beta
+    try:
+        B, V = weights.resolve_weights(given["B"], given["V"], seed, scale, key)
+        check_model(B, V, beta)
+    except ValueError as exc:
+        raise ConfigError(f"[{section}] {exc}") from None
+    if math.isinf(beta) and np.linalg.matrix_rank(B) < 3:
+        raise ConfigError(f'[{section}] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+    drawn = [f"{name} = {given[name]}" for name in ("B", "V") if isinstance(given[name], str)]
+    if drawn:
+        laws.append(f"{section.removeprefix('model.')}: {', '.join(drawn)}")
+    return {"B": B.tolist(), "V": V.tolist(), "beta": "inf" if math.isinf(beta) else beta}
+
+
+def _resolve_heads(section, value, beta, seed, scale, key, laws):
+    """The heads list of [model] or of a layer: [{B, V, beta}], each β explicit."""
+    from .heads import MAX_HEADS
+
+    where = f"{section}.heads"
+    if not isinstance(value, list) or not value or not all(isinstance(h, dict) for h in value):
+        raise ConfigError(f"[{section}] heads: must be a non-empty list of tables [[{where}]] with B, V "
+                          f"(and beta), got {value!r}"[:300])
+    if len(value) > MAX_HEADS:
+        raise ConfigError(f"[{section}] heads: at most {MAX_HEADS} heads are supported, got {len(value)}")
+    out = []
+    for h, table in enumerate(value):
+        head_section = f"{where}[{h}]"
+        _check_keys(head_section, table, {"B", "V", "beta"})
+        out.append(_resolve_head(head_section, table, beta, seed, scale, key + (h,), laws))
+    return out
+
+
+def _resolve_layers(value, beta, seed, scale, laws):
+    """[[model.layers]] as [{start, heads: [{B, V, beta}]}] (start < t_end is checked with [time])."""
+    if not isinstance(value, list) or not value or not all(isinstance(k, dict) for k in value):
+        raise ConfigError("[model] layers: must be a non-empty list of tables [[model.layers]] with start "
+                          f"and B, V (or heads), got {value!r}"[:300])
+    if len(value) > MAX_LAYERS:
+        raise ConfigError(f"[model] layers: at most {MAX_LAYERS} layers are supported, got {len(value)}")
+    out = []
+    for k, table in enumerate(value):
+        section = f"model.layers[{k}]"
+        _check_keys(section, table, {"start", "B", "V", "beta", "heads"})
+        if "start" not in table:
+            raise ConfigError(f"[{section}] start: required (the time at which the layer begins)")
+        start = _number(section, "start", table["start"], low=0.0)
+        if k == 0 and start != 0.0:
+            raise ConfigError(f"[{section}] start: the first layer must start at 0, got {start:g}")
+        if k > 0 and not start > out[-1]["start"]:
+            raise ConfigError(f"[{section}] start: must be > the previous layer's start "
+                              f"{out[-1]['start']:g} (strictly increasing), got {start:g}")
+        layer_beta = _beta_value(section, table["beta"]) if "beta" in table else beta
+        if "heads" in table:
+            for name in ("B", "V"):
+                if name in table:
+                    raise ConfigError(f"[{section}] {name}: not with heads (give B and V in each "
+                                      "[[model.layers.heads]] table)")
+            heads = _resolve_heads(section, table["heads"], layer_beta, seed, scale, (3, k, 2), laws)
+        else:
+            head = {name: table[name] for name in ("B", "V") if name in table}
+            for name in ("B", "V"):
+                if name not in table:
+                    raise ConfigError(f"[{section}] {name}: required (or the layer's [[model.layers.heads]])")
+            heads = [_resolve_head(section, head, layer_beta, seed, scale, (3, k), laws)]
+        out.append({"start": start, "heads": heads})
+    return out
+
+
+def _resolve_combined(model, given):
+    """[[model.heads]] or [[model.layers]] (spherepde.heads) in place of B and V."""
+    for name in ("B", "V"):
+        if given.get(name) is not None:
+            which = "layers" if model["layers"] is not None else "heads"
+            raise ConfigError(f"[model] {name}: not with [[model.{which}]] (give B and V in each "
+                              f"[[model.{which}]] table instead)")
+    if model["heads"] is not None and model["layers"] is not None:
+        raise ConfigError("[model] layers: not with [[model.heads]] as well (give each layer its own "
+                          "[[model.layers.heads]])")
+    _weight_settings(model, given)
+    seed, scale, laws = model["weight_seed"], model["weight_scale"], []
+    if model["heads"] is not None:
+        model["heads"] = _resolve_heads("model", model["heads"], model["beta"], seed, scale, (2,), laws)
+    else:
+        model["layers"] = _resolve_layers(model["layers"], model["beta"], seed, scale, laws)
+    model["weights"] = "given" if not laws else "; ".join(laws) + f" (weight_seed {seed}, weight_scale {scale:g})"
+
+
 def resolve(raw: dict) -> dict:
     """Validate a parsed config and fill in defaults. Raises ConfigError naming the first bad key."""
     if not isinstance(raw, dict):
@@ -217,23 +353,26 @@ def resolve(raw: dict) -> dict:
         cfg[section].update(table)
     for section, key in REQUIRED:
         if cfg[section][key] is None:
+            if section == "model" and key in ("B", "V") and _combined(cfg["model"]):
+                continue  # each head or layer has its own
             raise ConfigError(f"[{section}] {key}: required")
 
     model = cfg["model"]
-    model["beta"] = _number("model", "beta", model["beta"], positive=True, allow_inf=True)
-    if not math.isinf(model["beta"]) and not (BETA_RANGE[0] <= model["beta"] <= BETA_RANGE[1]):
-        raise ConfigError(f'[model] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
-                          f"(the validated range of the attention sum), got {model['beta']:g}")
-    _resolve_weights(model, raw.get("model", {}))
-    try:
-        check_model(model["B"], model["V"], model["beta"])
-    except ValueError as exc:
-        raise ConfigError(f"[model] {exc}") from None
-    if math.isinf(model["beta"]):
-        import numpy as np
+    model["beta"] = _beta_value("model", model["beta"])
+    if _combined(model):  # several heads or layers (spherepde.heads): each checked like [model]
+        _resolve_combined(model, raw.get("model", {}))
+    else:
+        _resolve_weights(model, raw.get("model", {}))
+        try:
+            check_model(model["B"], model["V"], model["beta"])
+        except ValueError as exc:
+            raise ConfigError(f"[model] {exc}") from None
+        if math.isinf(model["beta"]):
+            import numpy as np
 
-        if np.linalg.matrix_rank(np.array(model["B"])) < 3:
-            raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+            if np.linalg.matrix_rank(np.array(model["B"])) < 3:
+                raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+    if math.isinf(model["beta"]):
         model["beta"] = "inf"  # JSON has no infinity
 
     cfg["initial"] = _resolve_initial(cfg["initial"])
@@ -278,6 +417,9 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[time] save_every: must be <= t_end = {tm['t_end']:g}, got {tm['save_every']:g}")
     if tm["t_end"] / tm["save_every"] > 100_000:
         raise ConfigError(f"[time] save_every: more than 100000 snapshots ({tm['t_end']:g}/{tm['save_every']:g})")
+    for k, layer in enumerate(model["layers"] or ()):
+        if layer["start"] >= tm["t_end"]:
+            raise ConfigError(f"[model.layers[{k}]] start: must be < t_end = {tm['t_end']:g}, got {layer['start']:g}")
 
     if cfg["particles"] is not None:
         _resolve_particles(cfg["particles"], tm)
@@ -376,6 +518,7 @@ RESUME_MAY_CHANGE = ("output", "guards")
 # keys added to the resolved config after files were written without them, and the value such a
 # file implies (random weights came later: its B and V were given)
 ADDED_KEYS = {("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0, ("model", "weights"): "given"}
+ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
@@ -410,7 +553,28 @@ def build_initial_law(spec: dict):
 
 
 def build_model(spec: dict):
+    """The model of a resolved [model] section: an AttentionModel, or with heads or layers a
+    MultiHeadModel or LayerSchedule (spherepde.heads; a list of one head is that head)."""
     from .model import AttentionModel
 
+    if _combined(spec):
+        return _build_combined(spec)
     beta = math.inf if spec["beta"] == "inf" else spec["beta"]
     return AttentionModel(spec["B"], spec["V"], beta)
+
+
+def _build_heads(heads):
+    from .heads import MultiHeadModel
+    from .model import AttentionModel
+
+    models = [AttentionModel(h["B"], h["V"], math.inf if h["beta"] == "inf" else h["beta"]) for h in heads]
+    return models[0] if len(models) == 1 else MultiHeadModel(tuple(models))
+
+
+def _build_combined(spec):
+    from .heads import LayerSchedule
+
+    if spec.get("heads") is not None:
+        return _build_heads(spec["heads"])
+    layers = spec["layers"]
+    return LayerSchedule([layer["start"] for layer in layers], [_build_heads(layer["heads"]) for layer in layers])
