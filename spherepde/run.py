@@ -17,6 +17,15 @@ When things go wrong (README, "Failure behaviour"):
   its file: every piece of solver state is read back (the density and the stepper's state from
   the Eulerian record, positions and carried log-densities of the particles), so the result
   equals the uninterrupted run's.
+
+Several heads and layers (spherepde.heads; docs/variants_heads_layers.md): the diagnostics of E,
+F and Π use spherepde.heads.theory_objects of the model, NaN where the theory does not define them
+(several heads at finite β: E, F, Π; several heads at all: F), and the attributes say so
+(E_defined, F_defined, theory_objects). With layers, every layer start is a snapshot time
+(run_times), and the diagnostics of a snapshot are those of its layer's model, relative to the
+measure at the layer's start: alignment with that layer's E and F, W₂(ρ_t, Π_k#ρ_{s_k}),
+V_p(ρ_t) and the bound √(2V_p(ρ_{s_k})) e^{−pγ_k(t − s_k)/σ_max}. A resumed run reads the
+measure at the start of its layer back from the file.
 """
 
 from __future__ import annotations
@@ -37,9 +46,13 @@ from .guards import Guards, RunFailure
 from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, read_resume_point, timestamp
 from .mesh import HealpixMesh
 from .particles import ParticleSolver, quadrature_particles, tokens_from_law
-from .timeline import progress_bar, save_times
+from .heads import CONVENTION, as_schedule, common_beta, theory_objects
+from .diagnostics import theory_curves
+from .io import open_run
+from .model import AttentionModel
+from .timeline import progress_bar, save_times, with_breaks
 
-__all__ = ["execute", "SOLVER_META"]
+__all__ = ["execute", "SOLVER_META", "run_times"]
 
 SOLVER_META = dict(SNAPSHOT_META,
                    lower_bound_paper=("½ ℓ₀ exp(−C₀ t): the paper's density lower bound", "sr-1"))
@@ -55,7 +68,8 @@ class _CellMeasure:
         pts, w = mesh.cell_quadrature(QUADRATURE_ORDER)
         self.points = pts.reshape(-1, 3)
         self._w = w * mesh.area
-        self._lyapunov_cells = lyapunov_cell_averages(mesh, model, p)
+        # model None: E not defined (spherepde.heads.theory_objects), V_p is NaN
+        self._lyapunov_cells = None if model is None else lyapunov_cell_averages(mesh, model, p)
         self._model, self._p, self._area = model, p, float(mesh.area)
 
     def weights(self, f):
@@ -64,6 +78,8 @@ class _CellMeasure:
     def lyapunov(self, f, atom_points=None, atom_masses=None):
         """V_p of the piecewise-constant density: Σ f_c G_c / Σ f_c (inf·0 counts as 0); with
         atoms, of the whole measure (Σ f_c A G_c + Σ m_k g(x_k)) / (Σ f_c A + Σ m_k)."""
+        if self._model is None:
+            return math.nan
         f = np.asarray(f)
         charged = f > 0
         num = float(f[charged] @ self._lyapunov_cells[charged])
@@ -101,6 +117,35 @@ def _atom_options(eul):
             "merge": eul["atom_merge"], "feeding": eul["atom_feeding"]}
 
 
+def run_times(config) -> list[float]:
+    """The snapshot times of a resolved config: every save_every to t_end, and every layer start
+    (the measure there is the reference of the layer's diagnostics)."""
+    times = save_times(config["time"]["t_end"], config["time"]["save_every"])
+    layers = config["model"].get("layers")
+    return with_breaks(times, [layer["start"] for layer in layers[1:]]) if layers else times
+
+
+def _combined_attrs(config, schedule, theory):
+    """The attributes of a run with several heads or layers (none for one head): the convention,
+    the heads and layers (matrices, β, starts as in the config), and what E, F, Π refer to."""
+    spec = config["model"]
+    if spec.get("heads") is None and spec.get("layers") is None:
+        return {}
+    attrs = {"head_convention": CONVENTION, "theory_objects": theory[0].note,
+             "E_defined": int(theory[0].has_E), "F_defined": int(theory[0].has_F)}
+    if spec.get("heads") is not None:
+        attrs["heads"] = spec["heads"]
+    else:
+        attrs["layers"] = [dict(layer, theory_objects=th.note, E_defined=int(th.has_E), F_defined=int(th.has_F),
+                                dim_E=th.model.E.dim if th.has_E else None,
+                                gap=th.model.gap if th.has_E and math.isfinite(th.model.gap) else None)
+                           for layer, th in zip(spec["layers"], theory)]
+        attrs["diagnostics_reference"] = ("per layer: E, F, Π of the layer's model; W₂ to Π_k of the measure "
+                                          "at the layer's start s_k, V_p bound from V_p(ρ_{s_k}) at t − s_k; "
+                                          "a snapshot at every layer start")
+    return attrs
+
+
 def _particle_setup(config, model, law, mesh):
     """The _Particles of the [particles] section, or None."""
     pt = config["particles"]
@@ -136,6 +181,10 @@ class _Setup:
         eul, dg = config["eulerian"], config["diagnostics"]
         self.config = config
         self.model = model = build_model(config["model"])
+        # heads and layers (spherepde.heads): what E, F, Π mean, per layer
+        self.schedule = schedule = as_schedule(model)
+        self.theory = [theory_objects(m) for m in schedule.models]
+        theory0 = self.theory[0]
         law = build_initial_law(config["initial"])
         self.mesh = mesh = HealpixMesh(eul["nside"])
         self.f0 = f0 = law.cell_averages(mesh)
@@ -145,9 +194,14 @@ class _Setup:
                                      near_field=eul["near_field"],
                                      velocity_tolerance=eul["velocity_tolerance"],
                                      atoms=_atom_options(eul))
-        self.measure = measure = _CellMeasure(mesh, model, dg["p"])
-        self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
-                                              w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
+        self.measure = measure = _CellMeasure(mesh, theory0.model, dg["p"])
+        self.diagnostics = MeasureDiagnostics(theory0.model, measure.points, measure.weights(f0), p=dg["p"],
+                                              w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0),
+                                              has_F=theory0.has_F)
+        # per layer: its cell measure (V_p of its E), its diagnostics relative to the measure at
+        # its start (built at that snapshot), V_p there (the bound's constant)
+        self._measures, self._diags, self._pdiags = {0: measure}, {0: self.diagnostics}, {}
+        self._lyapunov0 = {0: self.diagnostics.lyapunov0}
         self.particles = _particle_setup(config, model, law, mesh)
         self.C0_user, self.C1 = dg["C0"], dg["C1"]
         self.ell0 = float(f0.min())
@@ -155,7 +209,7 @@ class _Setup:
         self.variables.update(DIAGNOSTIC_META)
         self.variables["w2_bound_zero_temperature"] = (
             "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞", "1")
-        if self.C1 is not None and not model.zero_temperature:
+        if self.C1 is not None and isinstance(model, AttentionModel) and not model.zero_temperature:
             self.variables["w2_bound_finite_beta"] = (
                 "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
         self.attrs = {
@@ -163,15 +217,14 @@ class _Setup:
             "summation": eul["summation"], "tolerance": eul["tolerance"],
             "near_field": int(self.solver.near_field_active),
             "velocity_tolerance": eul["velocity_tolerance"],
-            "beta": "inf" if model.zero_temperature else model.beta,
-            "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
-            "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,
-            "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
+            **_beta_attrs(schedule),
+            "model": model.describe(), **_spectral_attrs(theory0),
             "initial_law": repr(law), "ell0": self.ell0, "lyapunov_p": dg["p"],
             "lyapunov_initial": self.diagnostics.lyapunov0, "w2_method": self.diagnostics.w2_method,
             "diagnostics_measure": (f"cell averages on an exact-area rule of order {QUADRATURE_ORDER} per cell; "
                                     "V_p with the singular integrand integrated adaptively per cell"),
         }
+        self.attrs.update(_combined_attrs(config, schedule, self.theory))
         self.dims, self.arrays, self.static = {}, {}, {}
         if self.solver.atoms is not None:
             self.variables.update(ATOM_META)
@@ -181,7 +234,9 @@ class _Setup:
                                "atom_merge": eul["atom_merge"]})
         if self.particles:
             psolver, x0, pweights, log_f0, rng_record = self.particles
-            self.pdiag = MeasureDiagnostics(model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
+            self.pdiag = MeasureDiagnostics(theory0.model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"],
+                                            has_F=theory0.has_F)
+            self._pdiags[0] = self.pdiag
             self.variables.update(PARTICLE_META)
             self.dims.update(particle=x0.shape[0], xyz=3)
             self.arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
@@ -212,9 +267,64 @@ class _Setup:
     def paper_curves(self, times, c0):
         times = np.asarray(times, dtype=float)
         out = {"lower_bound_paper": 0.5 * self.ell0 * np.exp(-c0 * times)}
-        curves = self.diagnostics.theory_curves(times, C0=c0, C1=self.C1)
-        out.update({k: v for k, (v, _) in curves.items()})
+        if len(self.theory) == 1:
+            curves = self.diagnostics.theory_curves(times, C0=c0, C1=self.C1)
+            out.update({k: v for k, (v, _) in curves.items() if k in self.variables})
+            return out
+        # layers: each layer's curves from V_p at its start, at t − s_k
+        layer = np.array([self.schedule.layer_at(t) for t in times], dtype=int)
+        for k in sorted(set(layer.tolist())):
+            sel = layer == k
+            curves = theory_curves(self.theory[k].model, self.config["diagnostics"]["p"],
+                                   self._lyapunov0.get(k, math.nan), times[sel] - self.schedule.starts[k],
+                                   C0=c0, C1=self.C1)
+            for name, (values, _) in curves.items():
+                if name in self.variables:
+                    out.setdefault(name, np.full(times.shape, math.nan))[sel] = values
         return out
+
+    def _measure_of(self, k):
+        """The cell measure of layer k (its Lyapunov integrand), built once."""
+        if k not in self._measures:
+            self._measures[k] = _CellMeasure(self.mesh, self.theory[k].model, self.config["diagnostics"]["p"])
+        return self._measures[k]
+
+    def enter_layer(self, k, points, weights, lyap, particle_x=None):
+        """The diagnostics of layer k relative to the measure (points, weights) at its start, V_p
+        there = lyap, and the particles' from their positions then."""
+        dg, th = self.config["diagnostics"], self.theory[k]
+        self._diags[k] = MeasureDiagnostics(th.model, points, weights, p=dg["p"], w2_nside=dg["w2_nside"],
+                                            lyapunov0=lyap, has_F=th.has_F)
+        self._lyapunov0[k] = self._diags[k].lyapunov0
+        if self.particles:
+            self._pdiags[k] = MeasureDiagnostics(th.model, particle_x, self.particles.weights, p=dg["p"],
+                                                 w2_nside=dg["w2_nside"], has_F=th.has_F)
+
+    def resume_layers(self, path, point, times):
+        """A run resumed in layer k ≥ 1: V_p at the start of every layer so far (from the records)
+        and layer k's diagnostics from the measure at its start, read back from the file."""
+        if len(self.theory) == 1:
+            return
+        k = self.schedule.layer_at(times[point.index])
+        for j in range(1, k + 1):
+            self._lyapunov0[j] = point.records[times.index(self.schedule.starts[j])]["lyapunov"]
+        if k == 0:
+            return
+        index = times.index(self.schedule.starts[k])
+        ds = open_run(path).isel(time=index)
+        if float(ds["time"]) != times[index]:
+            raise RunFileError(f"{path}: cannot resume, no snapshot at the start of layer {k} "
+                               f"(t = {times[index]:g})")
+        f = np.asarray(ds["density"].values, dtype=float)
+        xa = ma = None
+        if "atom_mass" in ds:
+            masses = np.asarray(ds["atom_mass"].values, dtype=float)
+            alive = masses > 0  # slot order, as Atoms.points()
+            xa, ma = np.asarray(ds["atom_position"].values, dtype=float)[alive], masses[alive]
+        measure = self._measure_of(k)
+        points, weights = measure.measure(f, xa, ma)
+        x = np.asarray(ds["positions"].values, dtype=float) if self.particles else None
+        self.enter_layer(k, points, weights, measure.lyapunov(f, xa, ma), x)
 
     def snapshot(self, t, f, rec, c0, particle_state):
         """(values, arrays) of a regular snapshot: the solver record and every diagnostic, on the
@@ -227,14 +337,18 @@ class _Setup:
             xa, ma = atoms.points()
             state = atoms.state()
             arrays.update({name: state[name] for name in ATOM_ARRAYS})
-        points, weights = self.measure.measure(f, xa, ma)
-        lyap = self.measure.lyapunov(f, xa, ma)
-        values.update(self.diagnostics(points, weights, lyapunov_value=lyap))
+        k = self.schedule.layer_at(t)  # 0 without layers
+        measure = self._measure_of(k)
+        points, weights = measure.measure(f, xa, ma)
+        lyap = measure.lyapunov(f, xa, ma)
+        if k not in self._diags:  # the layer's first snapshot, at its start (run_times)
+            self.enter_layer(k, points, weights, lyap, None if particle_state is None else particle_state[0])
+        values.update(self._diags[k](points, weights, lyapunov_value=lyap))
         values.update({name: float(v[0]) for name, v in self.paper_curves([t], c0).items()})
         if particle_state is not None:
             psolver, pweights = self.particles.solver, self.particles.weights
             x, log_f = particle_state
-            values.update({f"particle_{n}": v for n, v in self.pdiag(x, pweights).items()})
+            values.update({f"particle_{n}": v for n, v in self._pdiags[k](x, pweights).items()})
             values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
                                                         nside=self.config["diagnostics"]["w2_nside"])
             values["particle_field_evaluations"] = psolver.evaluations
@@ -289,6 +403,11 @@ def _reopen(setup, path, point, times):
     """(writer, records, start) continuing the run in the file from its resume point."""
     writer = RunWriter.reopen(path, setup.variables, setup.arrays, point.index + 1)  # checks the layout
     records = point.records
+    try:
+        setup.resume_layers(path, point, times)
+    except BaseException:
+        writer.abort()
+        raise
     start = _Start(SolverState.from_record(point.index, point.density, records[-1], point.arrays))
     if setup.particles:
         setup.particles.solver.evaluations = int(records[-1]["particle_field_evaluations"])
@@ -388,7 +507,7 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
     """
     clock = _time.perf_counter()
     setup = _Setup(config)
-    times = save_times(config["time"]["t_end"], config["time"]["save_every"])
+    times = run_times(config)
     if resume:
         point = _resume_point(setup, path, times)
         if point.complete:
@@ -424,3 +543,24 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
             f"({summary['rejected_steps']} rejected){extra}, {summary['snapshots']} snapshots, "
             f"mass drift {summary['mass_drift']:.1e}, min density {summary['min_density']:.3e} → {path}")
     return summary
+
+
+def _beta_attrs(schedule):
+    """beta and log_beta: of every head when they share it, else "mixed" (heads, layers)."""
+    beta = common_beta(schedule)
+    if beta is None:
+        return {"beta": "mixed", "log_beta": "mixed"}
+    if math.isinf(beta):
+        return {"beta": "inf", "log_beta": "inf"}
+    return {"beta": beta, "log_beta": math.log(beta)}
+
+
+def _spectral_attrs(theory):
+    """dim_E, dim_F, gap, σ_max(B), assumption flags of the model the diagnostics use (at t = 0):
+    NaN and "not defined" where the theory does not define them (spherepde.heads)."""
+    m = theory.model
+    if m is None:
+        return {"dim_E": math.nan, "dim_F": math.nan, "gap": math.nan, "sigma_max_B": math.nan,
+                "assumption_flags": "not defined"}
+    return {"dim_E": m.E.dim, "dim_F": m.F.dim if theory.has_F else math.nan, "gap": m.gap,
+            "sigma_max_B": m.sigma_max, "assumption_flags": m.assumption_flags}
