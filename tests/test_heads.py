@@ -396,3 +396,26 @@ def test_sweep_over_beta_with_heads(tmp_path):
                      '"eulerian.nside" = [2, 4]\n')
     specs = expand(sweep, tmp_path / "out")
     assert [[h["beta"] for h in s.config["model"]["heads"]] for s in specs] == [[3.0, "inf"]] * 2 + [[30.0, "inf"]] * 2
+
+
+def test_region_cache_keeps_every_heads_rows(monkeypatch):
+    """Two heads (two (β, B) keys) on one source measure, edge then cell evaluation: the second
+    evaluation of each head computes no region again; a new measure drops both."""
+    import spherepde.summation.harmonic as harmonic
+
+    computed = []
+    original = harmonic.region_coefficients
+
+    def counted(sources, mu, shifts, L2):
+        computed.append(len(shifts))
+        return original(sources, mu, shifts, L2)
+
+    monkeypatch.setattr(harmonic, "region_coefficients", counted)
+    cache = harmonic._RegionCache()
+    y, mu = random_points(200, 5), np.random.default_rng(5).random(200)
+    shifts, regions = np.random.default_rng(6).normal(size=(3, 3)) * 4, np.arange(3)
+    for key in ("head 1", "head 2", "head 1", "head 2"):
+        cache.coefficients(y, mu, 2, regions, shifts, 6, key)
+    assert computed == [3, 3]
+    cache.coefficients(y, 2 * mu, 2, regions, shifts, 6, "head 1")
+    assert computed == [3, 3, 3] and list(cache.models) == ["head 1"]
