@@ -15,8 +15,8 @@ fields; docs/variants_heads_layers.md):
    difference, Eulerian + atoms and particles.
 4. Two different layers at β = ∞ with orthogonal B (the second of two heads): W₂ to the composition
    of the two exact flows, x ↦ e^{(t−s)M_2}e^{sM_1}x/|·|, as in 2.
-5. Cost: the same run with H = 1, 2, 4 heads, one after the other in this process: wall time, the
-   time spent in the attention sums, as ratios to one head; and two equal layers against one.
+5. Cost: the same run with H = 1, 2, 4 heads, one after the other in this process: CPU time, the
+   CPU time spent in the attention sums, as ratios to one head; and two equal layers against one.
 
 The exact measures are the cell quadrature of ρ₀ on HEALPix 128 pushed by the exact maps (as in
 validation.atoms), W₂ between them and a run by exact OT between adaptive coarsenings with the
@@ -149,7 +149,7 @@ def plus_side(points, weights, model):
     return float(w[np.asarray(points) @ (P.T @ e) > 0].sum() / w.sum())
 
 
-def _exact_rows(make, nsides, times, early, ref_nside, say, label):
+def _exact_rows(make, nsides, times, early, ref_nside, say, label, bins):
     """Tables of the Eulerian + atoms and the quadrature particles against the exact β = ∞ flow of
     make() (a model or schedule): L¹ density error at the early times, W₂ and the mass split at
     the times, the particles' own path and density errors. Returns the lines."""
@@ -199,7 +199,7 @@ def _exact_rows(make, nsides, times, early, ref_nside, say, label):
             for n in nsides:
                 mesh, rm, x0, w0, pds = runs[n]
                 pts = rm.eulerian(t) if which == "Eulerian + atoms" else (pds.positions.values[rm.index(t)], w0)
-                ws.append(w2_coarsened(*pts, *ref))
+                ws.append(w2_coarsened(*pts, *ref, max_bins=bins))
                 dps.append(abs(plus_side(*pts, theory) - p_exact))
             w_order = f"{math.log2(ws[-2][0] / ws[-1][0]):.2f}" if len(ws) > 1 and ws[-1][0] > 0 else "—"
             p_order = f"{math.log2(dps[-2] / dps[-1]):.2f}" if len(dps) > 1 and dps[-1] > 0 and dps[-2] > 0 else "—"
@@ -223,12 +223,13 @@ def _exact_rows(make, nsides, times, early, ref_nside, say, label):
     return lines + ["", f"Atoms at t = {t_end:g}: {atoms}."]
 
 
-def zero_temperature_heads_lines(nsides, times, ref_nside, say=print):
+def zero_temperature_heads_lines(nsides, times, ref_nside, say=print, bins=2000):
     model = two_orthogonal_heads()
     effective = theory_objects(model).model
     lines = [f"M = M_1 + M_2 = {np.array2string(effective.M, precision=3, separator=', ')} "
              f"(eigenvalues {', '.join(f'{z.real:.4f}' for z in effective.E.eigenvalues)}).", ""]
-    return lines + _exact_rows(two_orthogonal_heads, nsides, times, (0.25, 0.5), ref_nside, say, "two heads at β = ∞")
+    return lines + _exact_rows(two_orthogonal_heads, nsides, times, (0.25, 0.5), ref_nside, say, "two heads at β = ∞",
+                               bins)
 
 
 # ====================================================================== 3. equal layers
@@ -274,19 +275,20 @@ def zero_temperature_layers():
     return LayerSchedule([0.0, SWITCH], [AttentionModel(PAPER_B, PAPER_V, math.inf), second])
 
 
-def zero_temperature_layers_lines(nsides, times, ref_nside, say=print):
+def zero_temperature_layers_lines(nsides, times, ref_nside, say=print, bins=2000):
     schedule = zero_temperature_layers()
     M2 = theory_objects(schedule.models[1]).model.M
     lines = [f"Layer 1 (t < {SWITCH:g}): M_1 = VBᵀ = diag(1, −1, −2); layer 2: two heads, M_2 = "
              f"{np.array2string(M2, precision=3, separator=', ')}; exact map e^{{(t−{SWITCH:g})M_2}}e^{{{SWITCH:g}M_1}}.",
              ""]
     return lines + _exact_rows(zero_temperature_layers, nsides, times, (0.5, 1.5), ref_nside, say,
-                               "two layers at β = ∞")
+                               "two layers at β = ∞", bins)
 
 
 # ====================================================================== 5. cost
 class _SumTimer:
-    """Time spent in the attention sums (every call of attention_field) while active."""
+    """CPU time of this process spent in the attention sums (every call of attention_field) while
+    active: CPU time, not wall time, so that other work on a shared machine does not enter."""
 
     def __init__(self):
         import spherepde.eulerian as eulerian_module
@@ -302,11 +304,11 @@ class _SumTimer:
         original = self.original
 
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            start = time.process_time()
             try:
                 return original(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                self.seconds += time.process_time() - start
 
         for module in self.modules:
             module.attention_field = timed
@@ -318,21 +320,36 @@ class _SumTimer:
 
 
 def _timed(run, repeats=REPEATS):
-    """(wall seconds, seconds in the sums, result) of the fastest of `repeats` runs."""
+    """(CPU seconds, CPU seconds in the sums, wall seconds, result) of the run of least CPU time
+    among `repeats` runs."""
     best = None
     for _ in range(repeats):
         with _SumTimer() as timer:
-            start = time.perf_counter()
+            start, wall = time.process_time(), time.perf_counter()
             out = run()
-            wall = time.perf_counter() - start
-        if best is None or wall < best[0]:
-            best = (wall, timer.seconds, out)
+            cpu, wall = time.process_time() - start, time.perf_counter() - wall
+        if best is None or cpu < best[0]:
+            best = (cpu, timer.seconds, wall, out)
     return best
 
 
 def cost_lines(nside, t_end, n_tokens, say=print):
-    """Wall time and time in the sums for H = 1, 2, 4 heads (V/H, B_h differing in the last bits:
-    the same flow, nothing shared), Eulerian + atoms and tokens; two equal layers against one."""
+    """CPU time and CPU time in the sums for H = 1, 2, 4 heads (V/H, B_h differing in the last
+    bits: the same flow, nothing shared), Eulerian + atoms and tokens; two equal layers against one.
+    On one numba thread: on a shared machine a parallel region waits for time slices of all its
+    threads (measured here: the same run 0.7 s or 0.03 s of CPU time with 2 threads, depending on
+    the load), which would enter the ratios."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return _cost_lines(nside, t_end, n_tokens, say)
+    finally:
+        numba.set_num_threads(threads)
+
+
+def _cost_lines(nside, t_end, n_tokens, say):
     mesh = HealpixMesh(nside)
     f0 = LAW.cell_averages(mesh)
     x_tok, w_tok = tokens_from_law(LAW, n_tokens, seed=1)
@@ -342,28 +359,29 @@ def cost_lines(nside, t_end, n_tokens, say=print):
         ParticleSolver(_heads(n, 10.0), "rk4", PARTICLE_DT).run(x_tok, w_tok, PARTICLE_DT, PARTICLE_DT)
     rows = {}
     for n in (1, 2, 4):
-        wall, sums, ds = _timed(lambda: EulerianSolver(mesh, _heads(n, 10.0, perturb=True), **EULERIAN)
-                                .run(f0, t_end, t_end))
-        twall, tsums, _ = _timed(lambda: ParticleSolver(_heads(n, 10.0, perturb=True), "rk4", PARTICLE_DT)
-                                 .run(x_tok, w_tok, t_end, t_end))
-        rows[n] = (wall, sums, int(ds.steps.values[-1]), twall, tsums)
-        say(f"  cost: H = {n}: Eulerian {wall:.1f} s, tokens {twall:.1f} s")
-    w1, s1, _, t1, ts1 = rows[1]
+        cpu, sums, wall, ds = _timed(lambda: EulerianSolver(mesh, _heads(n, 10.0, perturb=True), **EULERIAN)
+                                     .run(f0, t_end, t_end))
+        tcpu, tsums, _, _ = _timed(lambda: ParticleSolver(_heads(n, 10.0, perturb=True), "rk4", PARTICLE_DT)
+                                   .run(x_tok, w_tok, t_end, t_end))
+        rows[n] = (cpu, sums, int(ds.steps.values[-1]), tcpu, tsums, wall)
+        say(f"  cost: H = {n}: Eulerian {cpu:.3g} s CPU ({wall:.3g} s wall), tokens {tcpu:.3g} s CPU")
+    w1, s1, _, t1, ts1, _ = rows[1]
     lines = [f"β = 10, t ≤ {t_end:g}; Eulerian + atoms at nside {nside} (velocity_tolerance 1e-3), {n_tokens} tokens "
              f"(RK4, dt {PARTICLE_DT:g}). H heads (B_h, V/H) with B_h = B(1 + h·2⁻⁴⁸): the flow of one head to "
-             "round-off (the same steps), but no summation work shared between the heads. One process, one "
-             f"after the other, each the fastest of {REPEATS}; ratios to H = 1.", "",
-             "| H | Eulerian steps | Eulerian wall (s) | ratio | in the sums (s) | ratio | tokens wall (s) | ratio | "
+             "round-off (the same steps), but no summation work shared between the heads. One process, one numba "
+             f"thread, one run after the other, each the least CPU time of {REPEATS} runs (CPU time of this process: "
+             "other work on the shared machine does not enter; wall time in brackets); ratios to H = 1.", "",
+             "| H | Eulerian steps | Eulerian CPU (s) | ratio | in the sums (s) | ratio | tokens CPU (s) | ratio | "
              "in the sums (s) | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for n, (wall, sums, steps, twall, tsums) in rows.items():
-        lines.append(f"| {n} | {steps} | {wall:.1f} | {wall / w1:.2f} | {sums:.1f} | {sums / s1:.2f} | {twall:.1f} | "
-                     f"{twall / t1:.2f} | {tsums:.1f} | {tsums / ts1:.2f} |")
+    for n, (cpu, sums, steps, tcpu, tsums, wall) in rows.items():
+        lines.append(f"| {n} | {steps} | {cpu:.3g} ({wall:.3g}) | {cpu / w1:.2f} | {sums:.3g} | {sums / s1:.2f} | "
+                     f"{tcpu:.3g} | {tcpu / t1:.2f} | {tsums:.3g} | {tsums / ts1:.2f} |")
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
     layers = LayerSchedule([0.0, t_end / 2], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)])
-    one, _, _ = _timed(lambda: EulerianSolver(mesh, model, **EULERIAN).run(f0, t_end, t_end / 2))
-    two, _, _ = _timed(lambda: EulerianSolver(mesh, layers, **EULERIAN).run(f0, t_end, t_end / 2))
+    one = _timed(lambda: EulerianSolver(mesh, model, **EULERIAN).run(f0, t_end, t_end / 2))[0]
+    two = _timed(lambda: EulerianSolver(mesh, layers, **EULERIAN).run(f0, t_end, t_end / 2))[0]
     lines += ["", f"Two equal layers (switch at t = {t_end / 2:g}, a save time) against one model: "
-              f"{two:.1f} s / {one:.1f} s = {two / one:.2f} (the switch rebuilds the summation objects and "
+              f"{two:.3g} s / {one:.3g} s CPU = {two / one:.2f} (the switch rebuilds the summation objects and "
               "restarts the velocity extrapolation)."]
     say("  cost: layers done")
     return lines
@@ -376,14 +394,15 @@ def report(quick=False, say=print) -> str:
     nsides = QUICK_NSIDES if quick else NSIDES
     times = QUICK_TIMES if quick else EXACT_TIMES
     ref = QUICK_REF_NSIDE if quick else REF_NSIDE
+    bins = 500 if quick else 2000
     sections = [("## 1. Identical heads against one head",
                  lambda: identical_heads_lines(4 if quick else 16, 0.5 if quick else 4.0, say)),
                 ("## 2. Two heads at β = ∞ with orthogonal B_h against the exact push-forward by e^{tM}, M = M_1 + M_2",
-                 lambda: zero_temperature_heads_lines(nsides, times, ref, say)),
+                 lambda: zero_temperature_heads_lines(nsides, times, ref, say, bins)),
                 ("## 3. Two layers of equal weights against one run",
                  lambda: equal_layers_lines(4 if quick else 16, 1.0 if quick else 4.0, say)),
                 (f"## 4. Two different layers at β = ∞ (switch at t = {SWITCH:g}) against the composed exact flows",
-                 lambda: zero_temperature_layers_lines(nsides, times, ref, say)),
+                 lambda: zero_temperature_layers_lines(nsides, times, ref, say, bins)),
                 ("## 5. Cost", lambda: cost_lines(4 if quick else 16, 0.5 if quick else 2.0, 300 if quick else 2000, say))]
     lines = ["# Several heads and layers", "",
              "Written by `python -m validation.heads" + (" --quick" if quick else "") + "` (validation/heads.py). "
@@ -391,7 +410,7 @@ def report(quick=False, say=print) -> str:
              "orthogonal B_h give the local field P_x(Mx), M = Σ_h V_h B_hᵀ. Eulerian: MUSCL/SSP-RK2, CFL 0.5, "
              "atoms on, velocity_tolerance 1e-3; particles: RK4, dt 0.05. Initial law: projected normal, mean "
              "(0.3, 0.1, 0.2), covariance diag(1, 0.6, 0.3). W₂ (chordal) to the exact measure by exact OT between "
-             f"adaptive coarsenings (≤ 2000 bins), ± the certified coarsening bound; exact measures from HEALPix "
+             f"adaptive coarsenings (≤ {bins} bins), ± the certified coarsening bound; exact measures from HEALPix "
              f"{QUICK_REF_NSIDE if quick else REF_NSIDE}. Order: log₂ of the ratio of the errors on successive "
              "meshes.", ""]
     if quick:
@@ -405,12 +424,21 @@ def report(quick=False, say=print) -> str:
 
 
 def run_suite(out, quick=False, progress=True) -> Path:
-    """Write OUT/heads.md; returns its path."""
+    """Write OUT/heads.md; returns its path. quick: on one numba thread (CI-sized kernels are
+    dominated by the start of parallel regions on a shared machine)."""
+    import numba
+
     say = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "heads.md"
-    path.write_text(report(quick, say))
+    threads = numba.get_num_threads()
+    if quick:
+        numba.set_num_threads(1)
+    try:
+        path.write_text(report(quick, say))
+    finally:
+        numba.set_num_threads(threads)
     say(f"  report {path}")
     return path
 
