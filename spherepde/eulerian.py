@@ -148,8 +148,9 @@ class EulerianSolver:
         self.switches = 0
         self._use(0.0)  # the summation objects of the model at t = 0
         # whether any target gets near-field corrections (recorded in the output file)
+        later = {(h.B.tobytes(), h.beta): h for m in (self.schedule.models or ())[1:] for h in heads_of(m)}
         self.near_field_active = (self._edge_field.near is not None or self._cell_field.near is not None
-                                  or any(self._needs_near(m) for m in (self.schedule.models or ())[1:]))
+                                  or any(self._needs_near(h) for h in later.values()))
         self._un = np.empty(mesh.edge_weights.shape)
         self.velocity_tolerance = float(velocity_tolerance)
         self._lag = None
@@ -176,12 +177,12 @@ class EulerianSolver:
         self._cell_field = heads_field(model, self.mesh, self.mesh.centroids, **self._field_options)
         return True
 
-    def _needs_near(self, model) -> bool:
-        """Whether the summation objects of a model would carry near-field tables."""
-        if not self.near_field:
+    def _needs_near(self, head) -> bool:
+        """Whether the summation objects of a head would carry near-field tables (they depend on
+        its B and β only)."""
+        if not self.near_field or head.zero_temperature:
             return False
-        return any(0 < table_bytes(self.mesh, h, targets) <= NEAR_FIELD_MAX_BYTES
-                   for h in heads_of(model) if not h.zero_temperature
+        return any(0 < table_bytes(self.mesh, head, targets) <= NEAR_FIELD_MAX_BYTES
                    for targets in (self.mesh.edge_points.reshape(-1, 3), self.mesh.centroids))
 
     def _switch(self, t, f, state):
