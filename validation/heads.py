@@ -383,6 +383,7 @@ def _cost_lines(nside, t_end, n_tokens, say):
     for n, (cpu, sums, steps, tcpu, tsums, wall) in rows.items():
         lines.append(f"| {n} | {steps} | {cpu:.3g} ({wall:.3g}) | {cpu / w1:.2f} | {sums:.3g} | {sums / s1:.2f} | "
                      f"{tcpu:.3g} | {tcpu / t1:.2f} | {tsums:.3g} | {tsums / ts1:.2f} |")
+    lines += ["", _per_call_line(x_tok, w_tok)]
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
     layers = LayerSchedule([0.0, t_end / 2], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)])
     one = two = math.inf
@@ -397,6 +398,30 @@ def _cost_lines(nside, t_end, n_tokens, say):
 
 
 # ====================================================================== report
+def _per_call_line(x, w, calls=40):
+    """CPU time of one head's sum (tokens as sources and targets) against each of four heads', in
+    turn: the heads' sums cost what one head's does (the whole runs above add the noise of the
+    machine and of memory traffic)."""
+    from spherepde.summation import attention_field
+
+    heads = _heads(4, 10.0, perturb=True).heads
+    attention_field(heads[0], x, w, x)
+    one = four = math.inf
+    for _ in range(REPEATS):
+        start = time.process_time()
+        for _ in range(calls):
+            attention_field(heads[0], x, w, x)
+        one = min(one, time.process_time() - start)
+        start = time.process_time()
+        for _ in range(calls // 4):
+            for head in heads:
+                attention_field(head, x, w, x)
+        four = min(four, time.process_time() - start)
+    return (f"One attention sum over the {len(x)} tokens (sources = targets): {1e3 * one / calls:.2f} ms of CPU for "
+            f"the first head, {1e3 * four / calls:.2f} ms per sum when the four heads take turns (ratio "
+            f"{four / one:.3f}): H heads make H sums of one head's cost.")
+
+
 def report(quick=False, say=print) -> str:
     """The markdown report (module docstring); quick: CI-sized (nside 4 and 8, t ≤ 2)."""
     clock = time.perf_counter()
