@@ -16,6 +16,13 @@ A config has the sections
                    noise_breakpoints ([[0, s₀], [t₁, s₁], …], factors of ν₀, for piecewise);
                    spherepde.noise. With ν₀ > 0: [eulerian] atoms defaults to false (true is
                    refused) and rk_order must be 2; quadrature particles drop their density.
+    [[model.heads]]  several heads instead of B, V (spherepde.heads; the velocity is the SUM of the
+                   heads' fields): tables of B, V (matrices or laws, as above) and beta (optional,
+                   default [model] beta); at most 64.
+    [[model.layers]] weights piecewise constant in depth instead of B, V: tables of start (the first
+                   0, strictly increasing, < t_end), and B, V (and beta) or their own
+                   [[model.layers.heads]]; at most 1000. The resolved config holds both as lists of
+                   {start, heads = [{B, V, beta}]} (heads: [{B, V, beta}]), every β explicit.
     [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
                    a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
     [eulerian]     enabled (false: no Eulerian solve, the particles alone; needs [particles]),
@@ -65,7 +72,8 @@ class ConfigError(ValueError):
 DEFAULTS = {
     "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None,
               "normalisation": "softmax", "unnormalised_scale": "none",
-              "noise": 0.0, "noise_schedule": "constant", "noise_time": None, "noise_breakpoints": None},
+              "noise": 0.0, "noise_schedule": "constant", "noise_time": None, "noise_breakpoints": None,
+              "heads": None, "layers": None},
     "initial": {"kind": "uniform"},
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
@@ -91,6 +99,7 @@ BETA_RANGE = (1e-3, 1e6)
 NOISE_MAX = 1e3
 
 REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
+MAX_LAYERS = 1000
 
 
 def load(path) -> dict:
@@ -184,11 +193,8 @@ def _check_keys(section, table, allowed):
             raise ConfigError(f"[{section}] {key}: unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})")
 
 
-def _resolve_weights(model, given):
-    """B and V as matrices (a law of spherepde.weights drawn with weight_seed, or the other
-    matrix); model["weights"] records where they came from."""
-    from . import weights
-
+def _weight_settings(model, given):
+    """Check weight_seed and weight_scale (and refuse a given `weights`)."""
     if "weights" in given:
         raise ConfigError("[model] weights: set by spherepde (the record of the laws of B and V); "
                           "give B, V and weight_seed instead")
@@ -196,6 +202,15 @@ def _resolve_weights(model, given):
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"[model] weight_seed: must be an integer >= 0, got {seed!r}")
     model["weight_scale"] = _number("model", "weight_scale", model["weight_scale"], positive=True)
+
+
+def _resolve_weights(model, given):
+    """B and V as matrices (a law of spherepde.weights drawn with weight_seed, or the other
+    matrix); model["weights"] records where they came from."""
+    from . import weights
+
+    _weight_settings(model, given)
+    seed = model["weight_seed"]
     names = weights.LAWS + weights.REFERENCES
     for key in ("B", "V"):
         if isinstance(model[key], str):
@@ -216,6 +231,165 @@ def _resolve_weights(model, given):
                             + f" (weight_seed {seed}, weight_scale {model['weight_scale']:g})")
 
 
+def _beta_value(section, value):
+    """A β: a positive number in BETA_RANGE or "inf"."""
+    beta = _number(section, "beta", value, positive=True, allow_inf=True)
+    if not math.isinf(beta) and not (BETA_RANGE[0] <= beta <= BETA_RANGE[1]):
+        raise ConfigError(f'[{section}] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
+                          f"(the validated range of the attention sum), got {beta:g}")
+    return beta
+
+
+def _combined(model) -> bool:
+    return model.get("heads") is not None or model.get("layers") is not None
+
+
+def _resolve_head(section, table, beta, seed, scale, key, laws):
+    """One head {B, V, beta} of a combined model (spherepde.heads), checked as [model] is; the
+    laws drawn from the stream `key`, recorded in laws."""
+    import numpy as np
+
+    from . import weights
+
+    for name in ("B", "V"):
+        if name not in table:
+            raise ConfigError(f"[{section}] {name}: required")
+    given = {}
+    names = weights.LAWS + weights.REFERENCES
+    for name in ("B", "V"):
+        value = table[name]
+        if isinstance(value, str):
+            if value not in names:
+                raise ConfigError(f"[{section}] {name}: must be a 3×3 matrix or one of "
+                                  f"{', '.join(map(repr, names))}, got {value!r}")
+            given[name] = value
+        else:
+            given[name] = _matrix(section, name, value)
+    beta = _beta_value(section, table["beta"]) if "beta" in table else beta
+    try:
+        B, V = weights.resolve_weights(given["B"], given["V"], seed, scale, key)
+        check_model(B, V, beta)
+    except ValueError as exc:
+        raise ConfigError(f"[{section}] {exc}") from None
+    if math.isinf(beta) and np.linalg.matrix_rank(B) < 3:
+        raise ConfigError(f'[{section}] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+    drawn = [f"{name} = {given[name]}" for name in ("B", "V") if isinstance(given[name], str)]
+    if drawn:
+        laws.append(f"{section.removeprefix('model.')}: {', '.join(drawn)}")
+    return {"B": B.tolist(), "V": V.tolist(), "beta": "inf" if math.isinf(beta) else beta}
+
+
+def _resolve_heads(section, value, beta, seed, scale, key, laws):
+    """The heads list of [model] or of a layer: [{B, V, beta}], each β explicit."""
+    from .heads import MAX_HEADS
+
+    where = f"{section}.heads"
+    if not isinstance(value, list) or not value or not all(isinstance(h, dict) for h in value):
+        raise ConfigError(f"[{section}] heads: must be a non-empty list of tables [[{where}]] with B, V "
+                          f"(and beta), got {value!r}"[:300])
+    if len(value) > MAX_HEADS:
+        raise ConfigError(f"[{section}] heads: at most {MAX_HEADS} heads are supported, got {len(value)}")
+    out = []
+    for h, table in enumerate(value):
+        head_section = f"{where}[{h}]"
+        _check_keys(head_section, table, {"B", "V", "beta"})
+        out.append(_resolve_head(head_section, table, beta, seed, scale, key + (h,), laws))
+    return out
+
+
+def _resolve_layers(value, beta, seed, scale, laws):
+    """[[model.layers]] as [{start, heads: [{B, V, beta}]}] (start < t_end is checked with [time])."""
+    if not isinstance(value, list) or not value or not all(isinstance(k, dict) for k in value):
+        raise ConfigError("[model] layers: must be a non-empty list of tables [[model.layers]] with start "
+                          f"and B, V (or heads), got {value!r}"[:300])
+    if len(value) > MAX_LAYERS:
+        raise ConfigError(f"[model] layers: at most {MAX_LAYERS} layers are supported, got {len(value)}")
+    out = []
+    for k, table in enumerate(value):
+        section = f"model.layers[{k}]"
+        _check_keys(section, table, {"start", "B", "V", "beta", "heads"})
+        if "start" not in table:
+            raise ConfigError(f"[{section}] start: required (the time at which the layer begins)")
+        start = _number(section, "start", table["start"], low=0.0)
+        if k == 0 and start != 0.0:
+            raise ConfigError(f"[{section}] start: the first layer must start at 0, got {start:g}")
+        if k > 0 and not start > out[-1]["start"]:
+            raise ConfigError(f"[{section}] start: must be > the previous layer's start "
+                              f"{out[-1]['start']:g} (strictly increasing), got {start:g}")
+        layer_beta = _beta_value(section, table["beta"]) if "beta" in table else beta
+        if "heads" in table:
+            for name in ("B", "V"):
+                if name in table:
+                    raise ConfigError(f"[{section}] {name}: not with heads (give B and V in each "
+                                      "[[model.layers.heads]] table)")
+            heads = _resolve_heads(section, table["heads"], layer_beta, seed, scale, (3, k, 2), laws)
+        else:
+            head = {name: table[name] for name in ("B", "V") if name in table}
+            for name in ("B", "V"):
+                if name not in table:
+                    raise ConfigError(f"[{section}] {name}: required (or the layer's [[model.layers.heads]])")
+            heads = [_resolve_head(section, head, layer_beta, seed, scale, (3, k), laws)]
+        out.append({"start": start, "heads": heads})
+    return out
+
+
+def _resolve_combined(model, given):
+    """[[model.heads]] or [[model.layers]] (spherepde.heads) in place of B and V."""
+    for name in ("B", "V"):
+        if given.get(name) is not None:
+            which = "layers" if model["layers"] is not None else "heads"
+            raise ConfigError(f"[model] {name}: not with [[model.{which}]] (give B and V in each "
+                              f"[[model.{which}]] table instead)")
+    if model["heads"] is not None and model["layers"] is not None:
+        raise ConfigError("[model] layers: not with [[model.heads]] as well (give each layer its own "
+                          "[[model.layers.heads]])")
+    _weight_settings(model, given)
+    seed, scale, laws = model["weight_seed"], model["weight_scale"], []
+    if model["heads"] is not None:
+        model["heads"] = _resolve_heads("model", model["heads"], model["beta"], seed, scale, (2,), laws)
+    else:
+        model["layers"] = _resolve_layers(model["layers"], model["beta"], seed, scale, laws)
+    model["weights"] = "given" if not laws else "; ".join(laws) + f" (weight_seed {seed}, weight_scale {scale:g})"
+
+
+def _resolve_normalisation(model):
+    """[model] normalisation and unnormalised_scale (spherepde.model.AttentionModel)."""
+    if model["normalisation"] not in ("softmax", "unnormalised"):
+        raise ConfigError('[model] normalisation: must be "softmax" or "unnormalised", '
+                          f'got {model["normalisation"]!r}')
+    if model["unnormalised_scale"] not in ("none", "exp_beta"):
+        raise ConfigError('[model] unnormalised_scale: must be "none" or "exp_beta", '
+                          f'got {model["unnormalised_scale"]!r}')
+    if model["normalisation"] != "unnormalised":
+        return
+    import numpy as np
+
+    # every head of every layer: one normalisation for the whole model (spherepde.heads)
+    for section, beta, B in _heads_for_checks(model):
+        if math.isinf(beta):
+            raise ConfigError(f'[{section}] beta: normalisation = "unnormalised" has no beta = "inf" limit '
+                              '(the field grows like e^beta); give a finite beta or normalisation = "softmax"')
+        exponent = beta * float(np.linalg.norm(np.array(B), 2))
+        if model["unnormalised_scale"] == "none" and exponent > UNSCALED_EXPONENT_MAX:
+            raise ConfigError(f'[model] unnormalised_scale: "none" overflows for beta·‖B‖₂ = {exponent:.4g} > '
+                              f'{UNSCALED_EXPONENT_MAX:g} ([{section}]); use "exp_beta"')
+
+
+def _heads_for_checks(model):
+    """(section, β, B) of every head of a resolved [model]: the model itself, its heads, or the
+    heads of its layers."""
+    def beta_of(value):
+        return math.inf if value == "inf" else float(value)
+
+    if model.get("heads") is not None:
+        return [(f"model.heads[{h}]", beta_of(head["beta"]), head["B"]) for h, head in enumerate(model["heads"])]
+    if model.get("layers") is not None:
+        return [(f"model.layers[{k}]" + (f".heads[{h}]" if len(layer["heads"]) > 1 else ""),
+                 beta_of(head["beta"]), head["B"])
+                for k, layer in enumerate(model["layers"]) for h, head in enumerate(layer["heads"])]
+    return [("model", beta_of(model["beta"]), model["B"])]
+
+
 def resolve(raw: dict) -> dict:
     """Validate a parsed config and fill in defaults. Raises ConfigError naming the first bad key."""
     if not isinstance(raw, dict):
@@ -234,39 +408,27 @@ def resolve(raw: dict) -> dict:
         cfg[section].update(table)
     for section, key in REQUIRED:
         if cfg[section][key] is None:
+            if section == "model" and key in ("B", "V") and _combined(cfg["model"]):
+                continue  # each head or layer has its own
             raise ConfigError(f"[{section}] {key}: required")
 
     model = cfg["model"]
-    model["beta"] = _number("model", "beta", model["beta"], positive=True, allow_inf=True)
-    if not math.isinf(model["beta"]) and not (BETA_RANGE[0] <= model["beta"] <= BETA_RANGE[1]):
-        raise ConfigError(f'[model] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
-                          f"(the validated range of the attention sum), got {model['beta']:g}")
-    _resolve_weights(model, raw.get("model", {}))
-    try:
-        check_model(model["B"], model["V"], model["beta"])
-    except ValueError as exc:
-        raise ConfigError(f"[model] {exc}") from None
-    if model["normalisation"] not in ("softmax", "unnormalised"):
-        raise ConfigError('[model] normalisation: must be "softmax" or "unnormalised", '
-                          f'got {model["normalisation"]!r}')
-    if model["unnormalised_scale"] not in ("none", "exp_beta"):
-        raise ConfigError('[model] unnormalised_scale: must be "none" or "exp_beta", '
-                          f'got {model["unnormalised_scale"]!r}')
-    if model["normalisation"] == "unnormalised":
+    model["beta"] = _beta_value("model", model["beta"])
+    if _combined(model):  # several heads or layers (spherepde.heads): each checked like [model]
+        _resolve_combined(model, raw.get("model", {}))
+    else:
+        _resolve_weights(model, raw.get("model", {}))
+        try:
+            check_model(model["B"], model["V"], model["beta"])
+        except ValueError as exc:
+            raise ConfigError(f"[model] {exc}") from None
         if math.isinf(model["beta"]):
-            raise ConfigError('[model] normalisation: "unnormalised" has no beta = "inf" limit (the field '
-                              'grows like e^beta); give a finite beta or normalisation = "softmax"')
-        import numpy as np
+            import numpy as np
 
-        exponent = model["beta"] * float(np.linalg.norm(np.array(model["B"]), 2))
-        if model["unnormalised_scale"] == "none" and exponent > UNSCALED_EXPONENT_MAX:
-            raise ConfigError(f'[model] unnormalised_scale: "none" overflows for beta·‖B‖₂ = {exponent:.4g} > '
-                              f'{UNSCALED_EXPONENT_MAX:g}; use "exp_beta"')
+            if np.linalg.matrix_rank(np.array(model["B"])) < 3:
+                raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+    _resolve_normalisation(model)
     if math.isinf(model["beta"]):
-        import numpy as np
-
-        if np.linalg.matrix_rank(np.array(model["B"])) < 3:
-            raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
         model["beta"] = "inf"  # JSON has no infinity
     noisy = _resolve_noise(model)
 
@@ -324,6 +486,9 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[time] save_every: must be <= t_end = {tm['t_end']:g}, got {tm['save_every']:g}")
     if tm["t_end"] / tm["save_every"] > 100_000:
         raise ConfigError(f"[time] save_every: more than 100000 snapshots ({tm['t_end']:g}/{tm['save_every']:g})")
+    for k, layer in enumerate(model["layers"] or ()):
+        if layer["start"] >= tm["t_end"]:
+            raise ConfigError(f"[model.layers[{k}]] start: must be < t_end = {tm['t_end']:g}, got {layer['start']:g}")
 
     if cfg["particles"] is not None:
         _resolve_particles(cfg["particles"], tm)
@@ -481,6 +646,7 @@ ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("mode
               ("model", "unnormalised_scale"): "none", ("model", "noise"): 0.0,
               ("model", "noise_schedule"): "constant", ("model", "noise_time"): None,
               ("model", "noise_breakpoints"): None}
+ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
@@ -515,8 +681,34 @@ def build_initial_law(spec: dict):
 
 
 def build_model(spec: dict):
+    """The model of a resolved [model] section: an AttentionModel, or with heads or layers a
+    MultiHeadModel or LayerSchedule (spherepde.heads; a list of one head is that head)."""
     from .model import AttentionModel
 
+    if _combined(spec):
+        return _build_combined(spec)
     beta = math.inf if spec["beta"] == "inf" else spec["beta"]
     return AttentionModel(spec["B"], spec["V"], beta, normalisation=spec.get("normalisation", "softmax"),
                           unnormalised_scale=spec.get("unnormalised_scale", "none"))
+
+
+def _build_heads(heads, normalisation):
+    from .heads import MultiHeadModel
+    from .model import AttentionModel
+
+    models = [AttentionModel(h["B"], h["V"], math.inf if h["beta"] == "inf" else h["beta"], **normalisation)
+              for h in heads]
+    return models[0] if len(models) == 1 else MultiHeadModel(tuple(models))
+
+
+def _build_combined(spec):
+    """Heads or layers, every head with the model's normalisation."""
+    from .heads import LayerSchedule
+
+    normalisation = {"normalisation": spec.get("normalisation", "softmax"),
+                     "unnormalised_scale": spec.get("unnormalised_scale", "none")}
+    if spec.get("heads") is not None:
+        return _build_heads(spec["heads"], normalisation)
+    layers = spec["layers"]
+    return LayerSchedule([layer["start"] for layer in layers],
+                         [_build_heads(layer["heads"], normalisation) for layer in layers])

@@ -21,6 +21,11 @@ chordal (Euclidean in R³), the metric of the W₂ bounds of the theory.
 - Theory curves (functions of t): √(2V_p(ρ₀)) e^{−pγt/σ_max(B)} (β = ∞ bound on W₂(ρ_t, Π#ρ₀));
   2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}) (bound on W₂(ρ_t^β, ρ_t^∞), only with C₁ given);
   the time scale log β.
+
+Models for which the theory does not define E, F or Π (several heads at finite β,
+spherepde.heads.theory_objects): MeasureDiagnostics(None, ...) gives NaN for every quantity that
+needs E (alignment with E, W₂ to Π#ρ₀, V_p and the W₂ bound), has_F=False NaN for the alignment
+with F: no number is printed that the theory does not define.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import math
 import numpy as np
 
 __all__ = ["alignment", "projection_atoms", "w2_to_two_atoms", "w2_binned", "lyapunov",
-           "lyapunov_integrand", "lyapunov_cell_averages", "MeasureDiagnostics", "DIAGNOSTIC_META"]
+           "lyapunov_integrand", "lyapunov_cell_averages", "MeasureDiagnostics", "DIAGNOSTIC_META",
+           "theory_curves"]
 
 # name → (long_name, units) of the per-snapshot diagnostics of a measure
 DIAGNOSTIC_META = {
@@ -126,13 +132,20 @@ class MeasureDiagnostics:
     """The per-snapshot diagnostics of a model, relative to the initial measure ρ₀.
 
     points0, weights0: ρ₀. p: Lyapunov exponent. w2_nside: bin level of the discrete OT used when
-    dim E > 1 (and when Π#ρ₀ is not two atoms).
+    dim E > 1 (and when Π#ρ₀ is not two atoms). model None: E and Π not defined (NaN for every
+    quantity that needs them); has_F False: F not defined (alignment with F NaN).
     """
 
-    def __init__(self, model, points0, weights0, p: float = 0.25, w2_nside: int = 8, lyapunov0=None):
+    def __init__(self, model, points0, weights0, p: float = 0.25, w2_nside: int = 8, lyapunov0=None,
+                 has_F: bool = True):
         self.model = model
+        self.has_F = bool(has_F) and model is not None
         self.p = float(p)
         self.w2_nside = int(w2_nside)
+        if model is None:
+            self.lyapunov0 = math.nan
+            self.atoms = self.atom_masses = self._target = None
+            return
         self.lyapunov0 = lyapunov(model, points0, weights0, self.p) if lyapunov0 is None else float(lyapunov0)
         if model.E.dim == 1:
             self.atoms, self.atom_masses = projection_atoms(model, points0, weights0)
@@ -145,6 +158,8 @@ class MeasureDiagnostics:
 
     @property
     def w2_method(self) -> str:
+        if self.model is None:
+            return "not defined (E and Π are not defined for this model)"
         if self._target is None:
             return "exact (two atoms: threshold plan)"
         return f"discrete OT (POT emd) on HEALPix nside {self.w2_nside} bins"
@@ -153,13 +168,15 @@ class MeasureDiagnostics:
         """The diagnostics of ρ = Σ w_i δ_{x_i}. lyapunov_value: V_p(ρ) computed by a better
         rule than the point sum (e.g. lyapunov_cell_averages for a cell density)."""
         m = self.model
+        if m is None:
+            return {name: math.nan for name in DIAGNOSTIC_META}
         if self._target is None:
             w2 = w2_to_two_atoms(points, weights, self.atoms[0], self.atom_masses[0])
         else:
             w2 = w2_binned(points, weights, *self._target, nside=self.w2_nside)
         return {
             "alignment_E": alignment(points, weights, m.E.basis),
-            "alignment_F": alignment(points, weights, m.F.basis),
+            "alignment_F": alignment(points, weights, m.F.basis) if self.has_F else math.nan,
             "w2_to_projection": w2,
             "lyapunov": (lyapunov(m, points, weights, self.p) if lyapunov_value is None
                          else float(lyapunov_value)),
@@ -167,20 +184,28 @@ class MeasureDiagnostics:
 
     def theory_curves(self, times, C0=None, C1=None) -> dict:
         """name → (values over times, long_name); the W₂(ρ^β, ρ^∞) bound only with C₁ given."""
-        t = np.asarray(times, dtype=float)
-        m = self.model
-        rate = self.p * m.gap / m.sigma_max
-        with np.errstate(invalid="ignore", over="ignore"):
-            decay = np.where(t > 0, np.exp(-rate * t), 1.0)
-        curves = {"w2_bound_zero_temperature": (
-            math.sqrt(2 * self.lyapunov0) * decay,
-            "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞")}
-        if C1 is not None and C0 is not None and not m.zero_temperature:
-            beta = m.beta
-            curves["w2_bound_finite_beta"] = (
-                2 * math.sqrt(math.log(beta + 1) / beta) * (np.exp(C1 * t) - np.exp(C0 * t)),
-                "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)")
-        return curves
+        return theory_curves(self.model, self.p, self.lyapunov0, times, C0, C1)
+
+
+def theory_curves(model, p, lyapunov0, times, C0=None, C1=None) -> dict:
+    """The theory's curves for a model (None: E not defined, NaN), the Lyapunov exponent p and
+    V_p(ρ₀) = lyapunov0, at times t after ρ₀: name → (values, long_name). The W₂(ρ^β, ρ^∞) bound
+    only with C₀ and C₁ given, at finite β."""
+    t = np.asarray(times, dtype=float)
+    m = model
+    zero_bound = "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞"
+    if m is None:
+        return {"w2_bound_zero_temperature": (np.full(t.shape, math.nan), zero_bound)}
+    rate = p * m.gap / m.sigma_max
+    with np.errstate(invalid="ignore", over="ignore"):
+        decay = np.where(t > 0, np.exp(-rate * t), 1.0)
+    curves = {"w2_bound_zero_temperature": (math.sqrt(2 * lyapunov0) * decay, zero_bound)}
+    if C1 is not None and C0 is not None and not m.zero_temperature:
+        beta = m.beta
+        curves["w2_bound_finite_beta"] = (
+            2 * math.sqrt(math.log(beta + 1) / beta) * (np.exp(C1 * t) - np.exp(C0 * t)),
+            "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)")
+    return curves
 
 
 def lyapunov_integrand(model, p):

@@ -28,6 +28,19 @@ With atoms (spherepde.atoms) the state is the measure f dA + Σ m_k δ_{x_k}: th
 sources of every velocity evaluation, move with the Runge–Kutta stages of the mesh, and after
 every step are fed, created and merged (in that order) on the new density. The mass guard and
 the record `mass` are those of the whole measure; min f and the density bounds stay on f.
+
+Several heads and layers (spherepde.heads): the model may be a MultiHeadModel (the velocity and
+div_S v are sums over the heads, each head with its own summation tables, spherepde.head_fields;
+atoms are sources and targets of every head), a LayerSchedule (weights piecewise constant in
+depth) or a callable t ↦ (B, V, β). Every step uses the model of its start time: the integration
+is cut at the switch times of a LayerSchedule (spherepde.timeline.segments), so that a step lands
+on each, and the model of the next step is taken after every accepted step. When it changes (a
+switch) the field jumps, so: the summation objects are rebuilt for the new model; the step's
+end is treated like a save time (exact fluxes of the old model, which close its extrapolation
+error measurement and the trapezoid of ∫ sup div v); then the extrapolation history is dropped
+and restarted with the new model's exact fluxes, and sup div v is re-evaluated with the new model
+(the right limit, which starts the next trapezoid). A run resumed from a snapshot therefore repeats
+the uninterrupted one across switches, and layers of equal weights give the single-layer run.
 """
 
 from __future__ import annotations
@@ -41,9 +54,12 @@ import xarray as xr
 from .atoms import ATOM_ARRAYS, ATOM_META, Atoms
 from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
+from .head_fields import heads_field
+from .heads import as_schedule, common_beta, heads_of
 from .io import CELL_DIM, CELL_INDEX_ATTRS, TIME_ATTRS, attr_value, crs_attrs, xdggs_attrs
-from .summation import DEFAULT_TOL, AttentionField, NearField, attention_field, mesh_sources, table_bytes
-from .timeline import progress_bar, save_times
+from .summation import DEFAULT_TOL, NearField, attention_field, mesh_sources, table_bytes
+from .summation.field import NEAR_FIELD_MAX_BYTES
+from .timeline import progress_bar, save_times, segments
 from .transport import FluxDivergence, SSPStepper, kernels
 from .transport.diffusion import MeshDiffusion
 from .transport.stepping import StepSizeCollapse
@@ -114,7 +130,8 @@ class SolverState:
 
 
 class EulerianSolver:
-    """Solve the mean-field continuity equation on a HealpixMesh for an AttentionModel.
+    """Solve the mean-field continuity equation on a HealpixMesh for an AttentionModel (or a
+    MultiHeadModel, a LayerSchedule, a callable t ↦ (B, V, β): module docstring).
 
     scheme "muscl" or "upwind"; cfl the outflow Courant number; rk_order 2 or 3; guards the
     tolerances of the run guards (spherepde.guards.Guards; defaults never fire on a healthy run).
@@ -126,13 +143,17 @@ class EulerianSolver:
     the state becomes density plus atoms (module docstring); self.atoms is the Atoms.
     noise: None or a spherepde.noise.NoiseSchedule (module docstring); with ν ≢ 0 it needs
     rk_order 2 and no atoms (ValueError otherwise); self.diffusion is then the MeshDiffusion.
+    self.switches counts the model switches taken (spherepde.heads).
     """
 
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
                  near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None,
                  noise=None):
-        check_model(model.B, model.V, model.beta)
+        self.schedule = as_schedule(model)
+        for known in self.schedule.models or ():
+            for head in heads_of(known):
+                check_model(head.B, head.V, head.beta)
         self.noise = None if noise is None or noise.is_zero else noise
         if self.noise is not None and atoms is not None:
             raise ValueError("atoms do not combine with noise: a point mass under Brownian motion spreads "
@@ -149,11 +170,14 @@ class EulerianSolver:
         # the guard's own copy of the stepper's bound: it checks the stepper, not itself
         self.courant_limit = max(cfl, self.operator.positivity_courant)
         self.summation, self.tolerance, self.near_field = summation, tolerance, near_field
-        field = dict(method=summation, tol=tolerance, near_field=near_field)
-        self._edge_field = AttentionField(model, mesh, mesh.edge_points.reshape(-1, 3), **field)
-        self._cell_field = AttentionField(model, mesh, mesh.centroids, **field)
+        self._field_options = dict(method=summation, tol=tolerance, near_field=near_field)
+        self._key = None
+        self.switches = 0
+        self._use(0.0)  # the summation objects of the model at t = 0
         # whether any target gets near-field corrections (recorded in the output file)
-        self.near_field_active = self._edge_field.near is not None or self._cell_field.near is not None
+        later = {(h.B.tobytes(), h.beta): h for m in (self.schedule.models or ())[1:] for h in heads_of(m)}
+        self.near_field_active = (self._edge_field.near is not None or self._cell_field.near is not None
+                                  or any(self._needs_near(h) for h in later.values()))
         self._un = np.empty(mesh.edge_weights.shape)
         self.velocity_tolerance = float(velocity_tolerance)
         self._lag = None
@@ -167,6 +191,42 @@ class EulerianSolver:
                                   dt_floor=self.guards.dt_floor,
                                   point_velocity=None if atoms is None else self.atom_velocity,
                                   diffusion=self.diffusion, noise=self.noise)
+
+    def _use(self, t) -> bool:
+        """Take the model of a step starting at t (spherepde.heads): rebuild the summation objects
+        when it is not the current one; True then."""
+        key = self.schedule.key_at(t)
+        if key == self._key:
+            return False
+        model = self.schedule.model_at(t)
+        self._key, self._active = key, model
+        self._heads = heads_of(model)
+        self._edge_field = heads_field(model, self.mesh, self.mesh.edge_points.reshape(-1, 3),
+                                       **self._field_options)
+        self._cell_field = heads_field(model, self.mesh, self.mesh.centroids, **self._field_options)
+        return True
+
+    def _needs_near(self, head) -> bool:
+        """Whether the summation objects of a head would carry near-field tables (they depend on
+        its B and β only)."""
+        if not self.near_field or head.zero_temperature:
+            return False
+        return any(0 < table_bytes(self.mesh, head, targets) <= NEAR_FIELD_MAX_BYTES
+                   for targets in (self.mesh.edge_points.reshape(-1, 3), self.mesh.centroids))
+
+    def _switch(self, t, f, state):
+        """After a step that ended at a switch time t (module docstring): the new model's
+        summation objects, its exact fluxes starting a new extrapolation history, and its sup div v
+        at t (guarded), which starts the next trapezoid of ∫ sup div v."""
+        self._use(t)
+        self.switches += 1
+        if self._lag is not None:
+            self._lag.forget()
+            self._refresh(t, f)
+        div = self.velocity_at_cells(f)[1]
+        self.guards.divergence(t, f, div)
+        state["sup_div"] = float(div.max())
+        state["max_sup_div"] = max(state["max_sup_div"], state["sup_div"])
 
     def _point_sources(self, points):
         """(positions, masses) of the atoms as point sources: at the stage positions `points`
@@ -190,14 +250,17 @@ class EulerianSolver:
         the atoms are point sources and targets (the local field at β = ∞). The mesh part gets
         the near-field corrections where the kernel is narrower than a cell."""
         x, m = self._point_sources(points)
-        near = None
-        if self.near_field and not self.model.zero_temperature:
-            if table_bytes(self.mesh, self.model, points) > 0:
-                near = NearField(self.mesh, self.model, points)
         sources, masses = mesh_sources(self.mesh, f, x, m)
-        v, _, _ = attention_field(self.model, sources, masses, points, method=self.summation,
-                                  tol=self.tolerance, near=near)
-        return v
+        total = None
+        for head in self._heads:  # every head's field at the atoms, summed (spherepde.heads)
+            near = None
+            if self.near_field and not head.zero_temperature:
+                if table_bytes(self.mesh, head, points) > 0:
+                    near = NearField(self.mesh, head, points)
+            v, _, _ = attention_field(head, sources, masses, points, method=self.summation,
+                                      tol=self.tolerance, near=near)
+            total = v if total is None else total + v
+        return total
 
     def _stage_flux(self, t, f, points=None):
         """Stage fluxes when the velocity is extrapolated: the stored exact fluxes at the last
@@ -274,6 +337,7 @@ class EulerianSolver:
             raise ValueError(f"f0 must have shape ({mesh.npix},), got {f.shape}")
         ell0, mass0 = float(f.min()), float(mesh.integrate(f))
         atoms = self.atoms
+        self._use(times[0] if start is None else times[start.index])  # no switch: the state is given
         if atoms is not None:
             if start is not None and start.atoms is not None:
                 a = start.atoms
@@ -317,14 +381,17 @@ class EulerianSolver:
             if atoms is not None:
                 changed = self._atom_step(t, state["f"], fnew)
                 state["f"] = fnew
+            # the next step starts at t: a new model there is a switch (treated like a save time)
+            switching = self.schedule.key_at(t) != self._key
             if lag is not None:
                 self.guards.density(t, fnew, self.total_mass(fnew), mass0)
                 dt, state["t_step"] = t - state["t_step"], t
-                if t != state["t_save"] and not lag.due(t, dt) and not changed:
+                boundary = t == state["t_save"] or switching
+                if not boundary and not lag.due(t, dt) and not changed:
                     return
                 if changed:  # a new source measure: the flux history restarts from here
                     lag.forget()
-                if t == state["t_save"]:
+                if boundary:
                     self._forget_routes()  # a resumed run evaluates this refresh afresh
                 self._refresh(t, fnew)
                 div = self.velocity_at_cells(fnew)[1]
@@ -335,6 +402,8 @@ class EulerianSolver:
             state["integral"] += 0.5 * (state["sup_div"] + s) * (t - state["t"])
             state["t"], state["sup_div"] = t, s
             state["max_sup_div"] = max(state["max_sup_div"], s)
+            if switching:
+                self._switch(t, fnew, state)
 
         for k in range(first, len(times)):
             t_save = times[k]
@@ -342,7 +411,9 @@ class EulerianSolver:
             state["f"] = f
             if k > 0:
                 try:
-                    f = self.stepper.advance(f, times[k - 1], t_save, callback=after_step)
+                    # a step lands on every switch time (spherepde.heads)
+                    for t0, t1 in segments(times[k - 1], t_save, self.schedule.switch_times):
+                        f = self.stepper.advance(f, t0, t1, callback=after_step)
                 except StepSizeCollapse as exc:
                     raise RunFailure(f"time step collapsed to {exc.dt:.3e} < dt_floor {self.stepper.dt_floor:g}",
                                      exc.t, f"cell {exc.cell} (fastest outflow)", density=exc.density) from None
@@ -437,10 +508,16 @@ class EulerianSolver:
         ds.attrs.update({k: attr_value(v) for k, v in {
             "Conventions": "CF-1.13",
             "nside": mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
-            "velocity_tolerance": self.velocity_tolerance, "beta": self.model.beta, "ell0": ell0, "C0": c0,
+            "velocity_tolerance": self.velocity_tolerance, "beta": _beta_attr(self.schedule), "ell0": ell0, "C0": c0,
             "C0_source": "largest sup div v seen in the run" if c0_default else "user",
             "rejected_steps": rejected,
         }.items()})
         if self.noise is not None:
             ds.attrs["noise"] = self.noise.describe()
         return ds
+
+
+def _beta_attr(schedule):
+    """β of the run for its attributes: the common β of every head, else "mixed"."""
+    beta = common_beta(schedule)
+    return "mixed" if beta is None else beta

@@ -8,7 +8,8 @@ import numpy as np
 import scipy.linalg
 from scipy.special import spherical_in
 
-__all__ = ["langevin", "vmf_softmax_mean", "zero_temperature_density", "linear_growth_rate"]
+__all__ = ["langevin", "vmf_softmax_mean", "zero_temperature_density", "linear_pushforward_density",
+           "linear_growth_rate"]
 
 
 def langevin(k):
@@ -36,7 +37,18 @@ def zero_temperature_density(model, law, t):
         raise ValueError("the closed form needs an orthogonal B (then s = t)")
     A_inv = scipy.linalg.expm(-t * model.M)
     det_inv = math.exp(-t * np.trace(model.M))  # det A⁻¹ = e^{−t tr M}
+    return _pushforward(law, A_inv, det_inv)
 
+
+def linear_pushforward_density(law, A):
+    """The density of the push-forward of law by x ↦ Ax/|Ax| (A invertible 3×3):
+    f(y) = f₀(A⁻¹y/|A⁻¹y|) |det A|⁻¹ |A⁻¹y|⁻³. With A a product of e^{τ_k M_k} it is the exact
+    β = ∞ solution of layers of local linear fields (spherepde.heads), composed."""
+    A = np.asarray(A, dtype=float)
+    return _pushforward(law, np.linalg.inv(A), 1.0 / abs(np.linalg.det(A)))
+
+
+def _pushforward(law, A_inv, det_inv):
     def density(y):
         z = np.asarray(y) @ A_inv.T
         nz = np.linalg.norm(z, axis=1)

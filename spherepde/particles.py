@@ -11,7 +11,13 @@ field of ρ itself, v(x_i) = P_x(V m_β(x_i)), computed by spherepde.summation.a
   along trajectories, up to time stepping and the quadrature of the sum. At β = ∞ they move in
   the local mean-field limit P_x(Mx)/|Bᵀx| (full-support density).
 
-Time steppers (fixed dt, shortened to land on every save time):
+Several heads and layers (spherepde.heads): the model may be a MultiHeadModel (the field and its
+divergence are the sums over the heads; at β = ∞ each head follows the rule above: hardmax for
+tokens, the local limit for quadrature particles), a LayerSchedule or a callable t ↦ (B, V, β).
+Each step uses the model of its start time for all its stages, and a step lands on every switch
+time of a LayerSchedule (as on the save times).
+
+Time steppers (fixed dt, shortened to land on every save time and every switch time):
 - "euler": the paper's scheme x ← (x + Δt v)/|x + Δt v|, log f ← log f − Δt div v;
 - "rk4": classical Runge–Kutta on (x, log f), stages evaluated at normalised points, the update
   normalised (a projection method: fourth order on the sphere).
@@ -44,8 +50,9 @@ import xarray as xr
 from numba import njit, prange
 
 from .guards import Guards, check_model
+from .heads import as_schedule, heads_of
 from .summation import attention_field, project_velocity, zero_temperature_field
-from .timeline import save_times
+from .timeline import save_times, segments
 
 __all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES",
            "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM"]
@@ -120,9 +127,11 @@ def quadrature_particles(mesh, law):
 class ParticleSolver:
     """Move weighted particles in their own attention field.
 
-    scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f along the paths
-    (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞ use the token
-    hardmax rule (True) or the local mean-field limit (False, required with carry_density).
+    model: an AttentionModel, a MultiHeadModel, a LayerSchedule or a callable t ↦ (B, V, β)
+    (module docstring). scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f
+    along the paths (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞
+    use the token hardmax rule (True) or the local mean-field limit (False, required with
+    carry_density), for every head at β = ∞.
     noise: None or a spherepde.noise.NoiseSchedule; seed (integer ≥ 0) of its random streams
     (module docstring). Noise refuses carry_density.
     """
@@ -134,15 +143,20 @@ class ParticleSolver:
         if not (math.isfinite(dt) and dt > 0):
             raise ValueError(f"dt must be a positive number, got {dt!r}")
         self.model = model
+        self.schedule = as_schedule(model)
         self.scheme = scheme
         self.dt = float(dt)
         self.carry_density = bool(carry_density)
+        known = [h for m in (self.schedule.models or ()) for h in heads_of(m)]
+        # whether a head at β = ∞ may occur (always possible for a callable)
+        zero_temperature = any(h.zero_temperature for h in known) if self.schedule.models else True
         if hardmax is None:
-            hardmax = model.zero_temperature and not carry_density
+            hardmax = zero_temperature and not carry_density
         if hardmax and carry_density:
             raise ValueError("hardmax tokens have no divergence: carry_density needs the mean-field limit")
-        check_model(model.B, model.V, model.beta)
-        self.hardmax = bool(hardmax) and model.zero_temperature
+        for head in known:
+            check_model(head.B, head.V, head.beta)
+        self.hardmax = bool(hardmax) and zero_temperature
         self.evaluations = 0
         self.noise = None if noise is None or noise.is_zero else noise
         if self.noise is not None and self.carry_density:
@@ -151,14 +165,34 @@ class ParticleSolver:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.seed = int(seed)
+        self._key = None
+        self._use(0.0)
+
+    def _use(self, t):
+        """Take the model of a step starting at t (spherepde.heads)."""
+        key = self.schedule.key_at(t)
+        if key != self._key:
+            self._key, self._heads = key, heads_of(self.schedule.model_at(t))
 
     # ------------------------------------------------------------------ the field
     def field(self, x, weights):
-        """(v (n, 3), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}."""
+        """(v (n, 3), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}
+        (the sum over the heads of the current model)."""
         self.evaluations += 1
-        m = self.model
+        velocity = divergence = None
+        for m in self._heads:
+            v, div = self._head_field(m, x, weights)
+            if velocity is None:
+                velocity, divergence = v, div
+            else:
+                velocity = velocity + v
+                divergence = None if div is None else divergence + div
+        return velocity, divergence
+
+    def _head_field(self, m, x, weights):
+        """One head's field and divergence (None when not carried)."""
         n = x.shape[0]
-        if self.hardmax:
+        if self.hardmax and m.zero_temperature:
             v = np.empty((n, 3))
             hardmax_field(x, np.ascontiguousarray(m.B.T), x, weights, m.V, v)
             return v, None
@@ -224,17 +258,19 @@ class ParticleSolver:
             yield 0, float(times[0]), x, log_f
         t = float(times[first])
         for k in range(first + 1, len(times)):
-            t_next = times[k]
-            j = 0
-            while t < t_next:
-                remaining = t_next - t
-                # take the fixed dt, but never leave a sliver shorter than dt/1000 before a save
-                dt = remaining if remaining <= self.dt * 1.001 else self.dt
-                x, log_f = self.step(x, log_f, w, dt)
-                t_new = t_next if dt == remaining else t + dt
-                x = self.noise_step(x, t, t_new, k, j)
-                t, j = t_new, j + 1
-                Guards.particles(t, x, log_f)
+            j = 0  # the step's index within the snapshot interval: its noise stream
+            for _, t_next in segments(t, times[k], self.schedule.switch_times):
+                while t < t_next:
+                    remaining = t_next - t
+                    # take the fixed dt, but never leave a sliver shorter than dt/1000 before a
+                    # save or switch time
+                    dt = remaining if remaining <= self.dt * 1.001 else self.dt
+                    self._use(t)  # the model of the step's start, for all its stages
+                    x, log_f = self.step(x, log_f, w, dt)
+                    t_new = t_next if dt == remaining else t + dt
+                    x = self.noise_step(x, t, t_new, k, j)
+                    t, j = t_new, j + 1
+                    Guards.particles(t, x, log_f)
             yield k, t, x, log_f
 
     def run(self, x0, weights, t_end: float, save_every: float, log_f0=None) -> xr.Dataset:

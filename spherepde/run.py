@@ -21,6 +21,15 @@ When things go wrong (README, "Failure behaviour"):
 With [model] noise > 0 both solvers get the noise schedule (spherepde.noise): the mesh diffuses,
 tokens take Brownian steps from streams derived from [particles] seed (nothing to store for
 --resume), quadrature particles become weighted Brownian particles without a carried density.
+
+Several heads and layers (spherepde.heads; docs/variants_heads_layers.md): the diagnostics of E,
+F and Π use spherepde.heads.theory_objects of the model, NaN where the theory does not define them
+(several heads at finite β: E, F, Π; several heads at all: F), and the attributes say so
+(E_defined, F_defined, theory_objects). With layers, every layer start is a snapshot time
+(run_times), and the diagnostics of a snapshot are those of its layer's model, relative to the
+measure at the layer's start: alignment with that layer's E and F, W₂(ρ_t, Π_k#ρ_{s_k}),
+V_p(ρ_t) and the bound √(2V_p(ρ_{s_k})) e^{−pγ_k(t − s_k)/σ_max}. A resumed run reads the
+measure at the start of its layer back from the file.
 """
 
 from __future__ import annotations
@@ -34,16 +43,19 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import build_initial_law, build_model, build_noise, difference
-from .diagnostics import DIAGNOSTIC_META, MeasureDiagnostics, lyapunov, lyapunov_cell_averages, w2_binned
 from .atoms import ATOM_ARRAYS
+from .diagnostics import (DIAGNOSTIC_META, MeasureDiagnostics, lyapunov, lyapunov_cell_averages, theory_curves,
+                          w2_binned)
 from .eulerian import ATOM_META, NOISE_META, SNAPSHOT_META, EulerianSolver, SolverState
 from .guards import Guards, RunFailure
-from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, read_resume_point, timestamp
+from .heads import CONVENTION, as_schedule, common_beta, theory_objects
+from .io import SNAPSHOT_FAILURE, RunFileError, RunWriter, WriteError, open_run, read_resume_point, timestamp
 from .mesh import HealpixMesh
 from .particles import ParticleSolver, quadrature_particles, tokens_from_law
-from .timeline import progress_bar, save_times
+from .model import AttentionModel
+from .timeline import progress_bar, save_times, with_breaks
 
-__all__ = ["execute", "SOLVER_META"]
+__all__ = ["execute", "SOLVER_META", "run_times"]
 
 SOLVER_META = dict(SNAPSHOT_META,
                    lower_bound_paper=("½ ℓ₀ exp(−C₀ t): the paper's density lower bound", "sr-1"))
@@ -59,7 +71,8 @@ class _CellMeasure:
         pts, w = mesh.cell_quadrature(QUADRATURE_ORDER)
         self.points = pts.reshape(-1, 3)
         self._w = w * mesh.area
-        self._lyapunov_cells = lyapunov_cell_averages(mesh, model, p)
+        # model None: E not defined (spherepde.heads.theory_objects), V_p is NaN
+        self._lyapunov_cells = None if model is None else lyapunov_cell_averages(mesh, model, p)
         self._model, self._p, self._area = model, p, float(mesh.area)
 
     def weights(self, f):
@@ -68,6 +81,8 @@ class _CellMeasure:
     def lyapunov(self, f, atom_points=None, atom_masses=None):
         """V_p of the piecewise-constant density: Σ f_c G_c / Σ f_c (inf·0 counts as 0); with
         atoms, of the whole measure (Σ f_c A G_c + Σ m_k g(x_k)) / (Σ f_c A + Σ m_k)."""
+        if self._model is None:
+            return math.nan
         f = np.asarray(f)
         charged = f > 0
         num = float(f[charged] @ self._lyapunov_cells[charged])
@@ -103,6 +118,35 @@ def _atom_options(eul):
         return None
     return {"capacity": eul["max_atoms"], "width": eul["atom_width"], "min_mass": eul["atom_min_mass"],
             "merge": eul["atom_merge"], "feeding": eul["atom_feeding"]}
+
+
+def run_times(config) -> list[float]:
+    """The snapshot times of a resolved config: every save_every to t_end, and every layer start
+    (the measure there is the reference of the layer's diagnostics)."""
+    times = save_times(config["time"]["t_end"], config["time"]["save_every"])
+    layers = config["model"].get("layers")
+    return with_breaks(times, [layer["start"] for layer in layers[1:]]) if layers else times
+
+
+def _combined_attrs(config, schedule, theory):
+    """The attributes of a run with several heads or layers (none for one head): the convention,
+    the heads and layers (matrices, β, starts as in the config), and what E, F, Π refer to."""
+    spec = config["model"]
+    if spec.get("heads") is None and spec.get("layers") is None:
+        return {}
+    attrs = {"head_convention": CONVENTION, "theory_objects": theory[0].note,
+             "E_defined": int(theory[0].has_E), "F_defined": int(theory[0].has_F)}
+    if spec.get("heads") is not None:
+        attrs["heads"] = spec["heads"]
+    else:
+        attrs["layers"] = [dict(layer, theory_objects=th.note, E_defined=int(th.has_E), F_defined=int(th.has_F),
+                                dim_E=th.model.E.dim if th.has_E else None,
+                                gap=th.model.gap if th.has_E and math.isfinite(th.model.gap) else None)
+                           for layer, th in zip(spec["layers"], theory)]
+        attrs["diagnostics_reference"] = ("per layer: E, F, Π of the layer's model; W₂ to Π_k of the measure "
+                                          "at the layer's start s_k, V_p bound from V_p(ρ_{s_k}) at t − s_k; "
+                                          "a snapshot at every layer start")
+    return attrs
 
 
 def _particle_setup(config, model, law, mesh, noise):
@@ -147,19 +191,20 @@ class _Setup:
         self.config = config
         self.model = model = build_model(config["model"])
         self.noise = noise = build_noise(config["model"])
+        # heads and layers (spherepde.heads): what E, F, Π mean, per layer
+        self.schedule = schedule = as_schedule(model)
+        self.theory = [theory_objects(m) for m in schedule.models]
+        theory0 = self.theory[0]
         law = build_initial_law(config["initial"])
         self.eulerian = eul["enabled"]
         quadrature = pt is not None and pt["mode"] == "quadrature"
         self.mesh = HealpixMesh(eul["nside"]) if self.eulerian or quadrature else None
         self.C0_user, self.C1 = dg["C0"], dg["C1"]
         self.variables, self.dims, self.arrays, self.static = {}, {}, {}, {}
-        self.attrs = {
-            "beta": "inf" if model.zero_temperature else model.beta,
-            "log_beta": "inf" if model.zero_temperature else math.log(model.beta),
-            "model": model.describe(), "dim_E": model.E.dim, "dim_F": model.F.dim, "gap": model.gap,
-            "sigma_max_B": model.sigma_max, "assumption_flags": model.assumption_flags,
-            "initial_law": repr(law), "lyapunov_p": dg["p"],
-        }
+        self.attrs = {**_beta_attrs(schedule), "model": model.describe(), **_spectral_attrs(theory0),
+                      "initial_law": repr(law), "lyapunov_p": dg["p"]}
+        self.attrs.update(_combined_attrs(config, schedule, self.theory))
+        self._measures, self._diags, self._pdiags, self._lyapunov0 = {}, {}, {}, {}
         if noise is not None:
             self.attrs.update({"noise": noise.level, "noise_schedule": noise.schedule, "noise_law": noise.describe()})
         self.f0 = self.solver = self.measure = self.diagnostics = None
@@ -187,15 +232,21 @@ class _Setup:
                                      near_field=eul["near_field"],
                                      velocity_tolerance=eul["velocity_tolerance"],
                                      atoms=_atom_options(eul), noise=self.noise)
-        self.measure = measure = _CellMeasure(mesh, model, dg["p"])
-        self.diagnostics = MeasureDiagnostics(model, measure.points, measure.weights(f0), p=dg["p"],
-                                              w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0))
+        theory0 = self.theory[0]
+        self.measure = measure = _CellMeasure(mesh, theory0.model, dg["p"])
+        self.diagnostics = MeasureDiagnostics(theory0.model, measure.points, measure.weights(f0), p=dg["p"],
+                                              w2_nside=dg["w2_nside"], lyapunov0=measure.lyapunov(f0),
+                                              has_F=theory0.has_F)
+        # per layer: its cell measure (V_p of its E), its diagnostics relative to the measure at
+        # its start (built at that snapshot), V_p there (the bound's constant)
+        self._measures[0], self._diags[0] = measure, self.diagnostics
+        self._lyapunov0[0] = self.diagnostics.lyapunov0
         self.ell0 = float(f0.min())
         self.variables.update(SOLVER_META)
         self.variables.update(DIAGNOSTIC_META)
         self.variables["w2_bound_zero_temperature"] = (
             "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞", "1")
-        if self.C1 is not None and not model.zero_temperature:
+        if self.C1 is not None and isinstance(model, AttentionModel) and not model.zero_temperature:
             self.variables["w2_bound_finite_beta"] = (
                 "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
         self.attrs.update({
@@ -221,7 +272,10 @@ class _Setup:
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles
-        self.pdiag = MeasureDiagnostics(self.model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"])
+        theory0 = self.theory[0]
+        self.pdiag = MeasureDiagnostics(theory0.model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"],
+                                        has_F=theory0.has_F)
+        self._pdiags[0] = self.pdiag
         self.variables.update(PARTICLE_META)
         if not self.eulerian:
             del self.variables["w2_eulerian_particles"]
@@ -252,21 +306,86 @@ class _Setup:
     def paper_curves(self, times, c0):
         times = np.asarray(times, dtype=float)
         out = {"lower_bound_paper": 0.5 * self.ell0 * np.exp(-c0 * times)}
-        curves = self.diagnostics.theory_curves(times, C0=c0, C1=self.C1)
-        out.update({k: v for k, (v, _) in curves.items()})
+        if len(self.theory) == 1:
+            curves = self.diagnostics.theory_curves(times, C0=c0, C1=self.C1)
+            out.update({k: v for k, (v, _) in curves.items() if k in self.variables})
+            return out
+        # layers: each layer's curves from V_p at its start, at t − s_k
+        layer = np.array([self.schedule.layer_at(t) for t in times], dtype=int)
+        for k in sorted(set(layer.tolist())):
+            sel = layer == k
+            curves = theory_curves(self.theory[k].model, self.config["diagnostics"]["p"],
+                                   self._lyapunov0.get(k, math.nan), times[sel] - self.schedule.starts[k],
+                                   C0=c0, C1=self.C1)
+            for name, (values, _) in curves.items():
+                if name in self.variables:
+                    out.setdefault(name, np.full(times.shape, math.nan))[sel] = values
         return out
+
+    def _measure_of(self, k):
+        """The cell measure of layer k (its Lyapunov integrand), built once."""
+        if k not in self._measures:
+            self._measures[k] = _CellMeasure(self.mesh, self.theory[k].model, self.config["diagnostics"]["p"])
+        return self._measures[k]
+
+    def enter_layer(self, k, points, weights, lyap):
+        """The Eulerian diagnostics of layer k relative to the measure (points, weights) at its
+        start, V_p there = lyap."""
+        dg, th = self.config["diagnostics"], self.theory[k]
+        self._diags[k] = MeasureDiagnostics(th.model, points, weights, p=dg["p"], w2_nside=dg["w2_nside"],
+                                            lyapunov0=lyap, has_F=th.has_F)
+        self._lyapunov0[k] = self._diags[k].lyapunov0
+
+    def enter_particle_layer(self, k, x):
+        """The particles' diagnostics of layer k relative to their positions x at its start."""
+        dg, th = self.config["diagnostics"], self.theory[k]
+        self._pdiags[k] = MeasureDiagnostics(th.model, x, self.particles.weights, p=dg["p"],
+                                             w2_nside=dg["w2_nside"], has_F=th.has_F)
+
+    def resume_layers(self, path, point, times):
+        """A run resumed in layer k ≥ 1: V_p at the start of every layer so far (from the records)
+        and layer k's diagnostics from the measure at its start, read back from the file (the
+        density and atoms of the Eulerian solver, the particles' positions)."""
+        if len(self.theory) == 1:
+            return
+        k = self.schedule.layer_at(times[point.index])
+        if self.eulerian:
+            for j in range(1, k + 1):
+                self._lyapunov0[j] = point.records[times.index(self.schedule.starts[j])]["lyapunov"]
+        if k == 0:
+            return
+        index = times.index(self.schedule.starts[k])
+        ds = open_run(path).isel(time=index)
+        if float(ds["time"]) != times[index]:
+            raise RunFileError(f"{path}: cannot resume, no snapshot at the start of layer {k} "
+                               f"(t = {times[index]:g})")
+        if self.eulerian:
+            f = np.asarray(ds["density"].values, dtype=float)
+            xa = ma = None
+            if "atom_mass" in ds:
+                masses = np.asarray(ds["atom_mass"].values, dtype=float)
+                alive = masses > 0  # slot order, as Atoms.points()
+                xa, ma = np.asarray(ds["atom_position"].values, dtype=float)[alive], masses[alive]
+            measure = self._measure_of(k)
+            points, weights = measure.measure(f, xa, ma)
+            self.enter_layer(k, points, weights, measure.lyapunov(f, xa, ma))
+        if self.particles:
+            self.enter_particle_layer(k, np.asarray(ds["positions"].values, dtype=float))
 
     def snapshot(self, t, f, rec, c0, particle_state):
         """(values, arrays) of a regular snapshot: the solver record and every diagnostic, on the
         whole measure (density and atoms), and those of the particles (f, rec: None without the
         Eulerian solver)."""
         values, arrays = {}, {}
+        k = self.schedule.layer_at(t)  # 0 without layers
         if self.eulerian:
-            points, weights = self._eulerian_snapshot(t, f, rec, c0, values, arrays)
+            points, weights = self._eulerian_snapshot(t, k, f, rec, c0, values, arrays)
         if particle_state is not None:
             psolver, pweights = self.particles.solver, self.particles.weights
             x, log_f = particle_state
-            values.update({f"particle_{n}": v for n, v in self.pdiag(x, pweights).items()})
+            if k not in self._pdiags:  # the layer's first snapshot, at its start (run_times)
+                self.enter_particle_layer(k, x)
+            values.update({f"particle_{n}": v for n, v in self._pdiags[k](x, pweights).items()})
             if self.eulerian:
                 values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
                                                             nside=self.config["diagnostics"]["w2_nside"])
@@ -279,8 +398,9 @@ class _Setup:
                 values["particle_max_density"] = float(density.max())
         return values, arrays
 
-    def _eulerian_snapshot(self, t, f, rec, c0, values, arrays):
-        """The Eulerian part of a snapshot into values and arrays; returns the whole measure."""
+    def _eulerian_snapshot(self, t, k, f, rec, c0, values, arrays):
+        """The Eulerian part of a snapshot in layer k into values and arrays; returns the whole
+        measure."""
         values.update(rec)
         atoms = self.solver.atoms
         xa = ma = None
@@ -288,9 +408,12 @@ class _Setup:
             xa, ma = atoms.points()
             state = atoms.state()
             arrays.update({name: state[name] for name in ATOM_ARRAYS})
-        points, weights = self.measure.measure(f, xa, ma)
-        lyap = self.measure.lyapunov(f, xa, ma)
-        values.update(self.diagnostics(points, weights, lyapunov_value=lyap))
+        measure = self._measure_of(k)
+        points, weights = measure.measure(f, xa, ma)
+        lyap = measure.lyapunov(f, xa, ma)
+        if k not in self._diags:  # the layer's first snapshot, at its start (run_times)
+            self.enter_layer(k, points, weights, lyap)
+        values.update(self._diags[k](points, weights, lyapunov_value=lyap))
         values.update({name: float(v[0]) for name, v in self.paper_curves([t], c0).items()})
         return points, weights
 
@@ -342,6 +465,11 @@ def _reopen(setup, path, point, times):
     writer = RunWriter.reopen(path, setup.variables, setup.arrays, point.index + 1)  # checks the layout
     records = point.records
     start = _Start(point.index)
+    try:
+        setup.resume_layers(path, point, times)
+    except BaseException:
+        writer.abort()
+        raise
     if setup.eulerian:
         start = start._replace(eulerian=SolverState.from_record(point.index, point.density, records[-1],
                                                                 point.arrays))
@@ -452,7 +580,7 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
     """
     clock = _time.perf_counter()
     setup = _Setup(config)
-    times = save_times(config["time"]["t_end"], config["time"]["save_every"])
+    times = run_times(config)
     if resume:
         point = _resume_point(setup, path, times)
         if point.complete:
@@ -492,3 +620,24 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
             log(f"spherepde run: t = {summary['t_end']:g} in {summary['wall_seconds']:.1f} s, particles alone"
                 f"{extra}, {summary['snapshots']} snapshots → {path}")
     return summary
+
+
+def _beta_attrs(schedule):
+    """beta and log_beta: of every head when they share it, else "mixed" (heads, layers)."""
+    beta = common_beta(schedule)
+    if beta is None:
+        return {"beta": "mixed", "log_beta": "mixed"}
+    if math.isinf(beta):
+        return {"beta": "inf", "log_beta": "inf"}
+    return {"beta": beta, "log_beta": math.log(beta)}
+
+
+def _spectral_attrs(theory):
+    """dim_E, dim_F, gap, σ_max(B), assumption flags of the model the diagnostics use (at t = 0):
+    NaN and "not defined" where the theory does not define them (spherepde.heads)."""
+    m = theory.model
+    if m is None:
+        return {"dim_E": math.nan, "dim_F": math.nan, "gap": math.nan, "sigma_max_B": math.nan,
+                "assumption_flags": "not defined"}
+    return {"dim_E": m.E.dim, "dim_F": m.F.dim if theory.has_F else math.nan, "gap": m.gap,
+            "sigma_max_B": m.sigma_max, "assumption_flags": m.assumption_flags}

@@ -50,8 +50,10 @@ MAX_RUNS = 10_000  # run ids carry four digits
 SWEEP_KEYS = ("name", "base", "seed", "grid")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # a file name: no separators, no leading dot
 WARM_UP_TIME = 1e-3  # simulated time of a warm-up run: one step
-# per-time variables of a run file that are bookkeeping, not diagnostics (open_run has used them)
-MARKERS = ("snapshot_complete", "snapshot_kind")
+# per-time variables of a run file that are bookkeeping, not diagnostics (open_run has used them;
+# a snapshot's digest checks its own file only, and integer markers cannot hold the NaN of a
+# time that one run lacks)
+MARKERS = ("snapshot_complete", "snapshot_kind", "snapshot_digest")
 
 
 class SweepError(ValueError):

@@ -15,7 +15,8 @@ spectrum stays O(1) as n grows:
 
 each times `weight_scale`; or the other matrix, "B", "-B", "V", "-V". B and V draw from two
 independent streams of numpy.random.SeedSequence(weight_seed), so B's draw does not depend on
-what V is.
+what V is. The heads and layers of a combined model (spherepde.heads) draw from streams of their
+own (`key`: SeedSequence(weight_seed, spawn_key=key)), so the heads of a model are independent.
 """
 
 from __future__ import annotations
@@ -46,11 +47,12 @@ def random_matrix(law: str, rng: np.random.Generator, n: int = 3) -> np.ndarray:
     raise ValueError(f"unknown law {law!r} (one of {', '.join(LAWS)})")
 
 
-def resolve_weights(B, V, seed: int = 0, scale: float = 1.0):
+def resolve_weights(B, V, seed: int = 0, scale: float = 1.0, key=()):
     """(B, V) as matrices: each given as a matrix, a law of LAWS (drawn with its own stream of
-    SeedSequence(seed), times scale) or a reference to the other ("B", "-B", "V", "-V").
+    SeedSequence(seed, spawn_key=key), times scale) or a reference to the other ("B", "-B", "V",
+    "-V"). key: () for the single-head model, a tuple of integers per head or layer (spherepde.config).
     Raises ValueError naming "B" or "V" for a reference to itself or a pair of references."""
-    streams = dict(zip("BV", np.random.SeedSequence(seed).spawn(2)))
+    streams = dict(zip("BV", np.random.SeedSequence(seed, spawn_key=tuple(key)).spawn(2)))
     given = {"B": B, "V": V}
     out = {}
     for name, value in given.items():

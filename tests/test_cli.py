@@ -106,15 +106,17 @@ def test_validate_without_suites_means_all_of_them(monkeypatch, tmp_path):
 
 
 def test_variants_suite_runs_every_variant_and_lists_their_reports(tmp_path, monkeypatch):
+    import validation.heads
     import validation.noise
     import validation.unnormalised
     import validation.variants
 
     ran = []
-    for name in ("noise", "unnormalised"):
+    for name in ("heads", "noise", "unnormalised"):
         monkeypatch.setattr(getattr(validation, name), "run_suite",
                             lambda out, quick=False, progress=True, name=name: ran.append((name, quick)))
     path = validation.variants.run_suite(tmp_path, quick=True, progress=False)
-    assert sorted(ran) == [("noise", True), ("unnormalised", True)]
+    assert sorted(ran) == [("heads", True), ("noise", True), ("unnormalised", True)]
     text = path.read_text()
-    assert "[noise.md](noise.md)" in text and "[unnormalised.md](unnormalised.md)" in text
+    for report in ("heads.md", "noise.md", "unnormalised.md"):
+        assert f"[{report}]({report})" in text

@@ -127,7 +127,7 @@ def _config(**model):
 @pytest.mark.parametrize("model,words", [
     ({"normalisation": "none"}, ["[model] normalisation", "softmax"]),
     ({"normalisation": "unnormalised", "unnormalised_scale": "e"}, ["[model] unnormalised_scale", "exp_beta"]),
-    ({"normalisation": "unnormalised", "beta": "inf"}, ["[model] normalisation", "inf"]),
+    ({"normalisation": "unnormalised", "beta": "inf"}, ["[model] beta", "unnormalised", "inf"]),
     ({"normalisation": "unnormalised", "beta": 1000.0}, ["[model] unnormalised_scale", "overflows", "exp_beta"]),
 ])
 def test_config_errors_name_the_key(model, words):

@@ -6,7 +6,9 @@ One suite per variant, each a module with its own report and its own docstring:
   attention (vMF closed form, Funk–Hecke growth rates ℓ(ℓ+1)i_ℓ(β)/β, the interaction energy
   non-decreasing for B = V symmetric) → DIR/unnormalised.md;
 - validation.noise: the heat equation on the mesh (Y_ℓ decay, observed orders), growth rates with
-  noise (minus νℓ(ℓ+1)), E[x_t] = e^{−2νt}x₀ for Brownian particles → DIR/noise.md.
+  noise (minus νℓ(ℓ+1)), E[x_t] = e^{−2νt}x₀ for Brownian particles → DIR/noise.md;
+- validation.heads: several heads and layers (identical heads, the exact push-forward of
+  orthogonal heads and of composed layers at β = ∞, cost per head) → DIR/heads.md.
 
 DIR/variants.md lists them with the time each took. `quick` gives CI-sized runs of each.
 """
@@ -20,7 +22,8 @@ __all__ = ["run_suite", "SUITES"]
 
 # (module, report file, what it checks)
 SUITES = (("unnormalised", "unnormalised.md", "unnormalised attention and the log-partition function"),
-          ("noise", "noise.md", "diffusion on the mesh and Brownian particles"))
+          ("noise", "noise.md", "diffusion on the mesh and Brownian particles"),
+          ("heads", "heads.md", "several heads and layer-wise weights"))
 
 
 def run_suite(out, quick=False, progress=True, **_):

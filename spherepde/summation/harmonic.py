@@ -578,21 +578,25 @@ class _RegionCache(threading.local):
     """The tilted coefficients of the last source measure, per region level and region: the edge
     and the cell evaluations of one velocity refresh sum the same density over largely the same
     regions (the cells' are nearly always among the edges'), so the second pays only for new
-    regions. Keyed by the sources and the masses (compared by value) and the model; then by
-    region level, degree and pixel. Per thread (sweeps may run solvers in threads)."""
+    regions. Keyed by the sources and the masses (compared by value), then by the model (β, B:
+    the heads of a multi-head model, spherepde.heads, each keep theirs for the same measure, so
+    that H heads cost H single-head sums), then by region level, degree and pixel. A new measure
+    drops every model's rows. Per thread (sweeps may run solvers in threads)."""
 
     def __init__(self):
-        self.key = None
-        self.rows = {}  # (level, degree, region pixel) → (coef0 row, s1, s2)
+        self.measure = None  # (sources, masses) of the rows held
+        self.models = {}  # model key → rows
+        self.rows = {}  # of the last model: (level, degree, region pixel) → (coef0 row, s1, s2)
 
     def coefficients(self, sources, mu, nside, regions, shifts, L2, model_key):
         """region_coefficients for the regions (pixels at nside, with their shifts), from the
         cache where it holds them. model_key: what else the shifts depend on (β, B)."""
-        same = (self.key is not None and self.key[0] == model_key and np.array_equal(self.key[1], sources)
-                and np.array_equal(self.key[2], mu))
+        same = (self.measure is not None and np.array_equal(self.measure[0], sources)
+                and np.array_equal(self.measure[1], mu))
         if not same:
-            self.key = (model_key, sources.copy(), mu.copy())
-            self.rows = {}
+            self.measure = (sources.copy(), mu.copy())
+            self.models = {}
+        self.rows = self.models.setdefault(model_key, {})
         keys = [(nside, L2, r) for r in regions.tolist()]
         missing = np.array([k not in self.rows for k in keys], dtype=bool)
         if missing.any():
