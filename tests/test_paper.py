@@ -182,12 +182,14 @@ def test_sweep_files_expand_to_the_issues_runs(tmp_path):
         assert c["eulerian"]["nside"] == 16 and c["eulerian"]["atoms"] and c["time"]["t_end"] == 20.0
         assert c["particles"]["mode"] == "quadrature"
         assert np.array_equal(c["model"]["V"], PAPER_V) and np.array_equal(c["model"]["B"], PAPER_B)
-    tokens = paper.expand_sweep(paper.PAPER_TOKENS, tmp_path)
+    tokens = paper.expand_sweep(paper.PAPER_TOKENS, tmp_path) + paper.expand_sweep(paper.PAPER_TOKENS_SHARP, tmp_path)
     assert len(tokens) == 96
     cases = {}
     for s in tokens:  # tokens alone, every law and β of paper_beta, 8 seeds each
         c = s.config
         assert not c["eulerian"]["enabled"] and c["particles"]["mode"] == "tokens" and c["particles"]["n"] == 2000
+        # the step each β needs: dt 0.01 where the softmax is nearly discontinuous
+        assert c["particles"]["dt"] == (0.05 if c["model"]["beta"] in (10.0, 30.0) else 0.01)
         cases.setdefault((s.params["initial"], c["model"]["beta"]), []).append(c["particles"]["seed"])
     assert set(cases) == {(s.params["initial"], s.config["model"]["beta"]) for s in specs}
     assert all(sorted(seeds) == list(range(1, 9)) for seeds in cases.values())
@@ -224,10 +226,10 @@ def test_derived_sweep_overrides_base_and_grid(tmp_path):
         assert s.config["eulerian"]["nside"] == 8 and s.config["particles"]["dt"] == 0.05
         assert s.config["time"]["t_end"] == 8.0
     # a base value that a grid axis sets replaces the axis
-    path = paper.derive_sweep(paper.PAPER_TOKENS, tmp_path / "t", dict(quick, **paper.QUICK_TOKENS),
+    path = paper.derive_sweep(paper.PAPER_TOKENS_SHARP, tmp_path / "t", dict(quick, **paper.QUICK_TOKENS),
                               {"particles.seed": paper.QUICK_SEEDS})
     specs = paper.expand_sweep(path, tmp_path / "t")
-    assert len(specs) == 12 * len(paper.QUICK_SEEDS)
+    assert len(specs) == 6 * len(paper.QUICK_SEEDS)  # 3 laws × β ∈ {1000, ∞}, the axis dt = 0.01 replaced
     assert {s.config["particles"]["n"] for s in specs} == {300} and {s.config["particles"]["dt"] for s in specs} == {0.05}
     if paper.BETA_PHASE.is_file():  # grid axes that set a base value are replaced too; no particles added
         path = paper.derive_sweep(paper.BETA_PHASE, tmp_path / "p", quick)

@@ -61,7 +61,8 @@ BETA_PHASE = REPO / "solvers" / "sweeps" / "beta_phase.toml"
 PAPER_TABLE = REPO / "data" / "paper_table.csv"
 ABLATION_MATRICES = REPO / "data" / "ablation_matrices.toml"
 
-PAPER_TOKENS = REPO / "solvers" / "sweeps" / "paper_tokens.toml"
+PAPER_TOKENS = REPO / "solvers" / "sweeps" / "paper_tokens.toml"  # β = 10, 30 (dt 0.05)
+PAPER_TOKENS_SHARP = REPO / "solvers" / "sweeps" / "paper_tokens_sharp.toml"  # β = 1000, ∞ (dt 0.01)
 PAPER_TOKENS_N = REPO / "solvers" / "sweeps" / "paper_tokens_n.toml"
 # the meshes of paper_beta: the resolution of the report and half of it (and, slow, twice it)
 FULL_NSIDES, SLOW_NSIDES, QUICK_NSIDES = (8, 16), (8, 16, 32), (4, 8)
@@ -913,9 +914,10 @@ def _disagreement(cases_by_nside, groups, n_groups, paper_rows, ablation_rows, q
         "field keeps a background density between the clusters that the particles cannot carry (they all "
         "flow into the clusters), and at large β that background weighs on the clusters "
         "(validation/reports/atoms/background.md).",
-        "- **Time stepping and β.** Tokens use RK4 with a fixed dt (0.01 in the full set); the paper uses its "
-        "normalised Euler step with an unpublished step. At β = 1000 the softmax is nearly discontinuous and "
-        "the tokens' step error is first order in dt (one sample's F-onset moved by 0.08 from dt 0.02 to 0.01). "
+        "- **Time stepping and β.** Tokens use RK4 with a fixed dt (full set: 0.05 at β = 10 and 30, where one "
+        "sample's F-onset moves by 5e-6 and 9e-5 between dt 0.05 and 0.01; 0.01 at β = 1000 and ∞); the paper "
+        "uses its normalised Euler step with an unpublished step. At β = 1000 the softmax is nearly discontinuous "
+        "and the tokens' step error is first order in dt (one sample's F-onset moved by 0.08 from dt 0.02 to 0.01). "
         "At β = ∞ our tokens use the hardmax rule over tokens and the Eulerian solver the local limit field.",
         "- **Nothing was tuned to match:** the matrices and β are the paper's, the laws and n are "
         "stated above, the metrics are those of spherepde.diagnostics.",
@@ -1072,13 +1074,19 @@ def _sweep_into(path, out_dir, label, workers, say, info, run=True):
 
 
 def _token_sweeps(runs, quick, base_over, workers, say, info, run):
-    """The token ensembles: paper_tokens (every law and β, 8 seeds) and paper_tokens_n (one case,
-    n = 500 … 8000). Returns (token cases, n cases)."""
+    """The token ensembles: paper_tokens and paper_tokens_sharp (every law and β, 8 seeds; the
+    step each β needs) and paper_tokens_n (one case, n = 500 … 8000). Returns (token cases, n
+    cases)."""
     tag = "quick" if quick else "full"
     token_over = dict(base_over, **QUICK_TOKENS) if quick else {}
-    grid = {"model.beta": QUICK_BETAS, "particles.seed": QUICK_SEEDS} if quick else None
-    path = derive_sweep(PAPER_TOKENS, runs / f"paper_tokens_{tag}", token_over, grid)
-    tokens = _sweep_into(path, path.parent, "paper_tokens (token ensembles)", workers, say, info, run)[0]
+    tokens = []
+    for sweep in (PAPER_TOKENS, PAPER_TOKENS_SHARP):
+        grid = None
+        if quick:
+            betas = [b for b in _load_toml(sweep)["sweep"]["grid"]["model.beta"] if b in QUICK_BETAS]
+            grid = {"model.beta": betas, "particles.seed": QUICK_SEEDS}
+        path = derive_sweep(sweep, runs / f"{sweep.stem}_{tag}", token_over, grid)
+        tokens += _sweep_into(path, path.parent, f"{sweep.stem} (token ensembles)", workers, say, info, run)[0]
     grid = {"particles.n": QUICK_N, "particles.seed": QUICK_SEEDS} if quick else None
     path = derive_sweep(PAPER_TOKENS_N, runs / f"paper_tokens_n_{tag}", token_over, grid)
     n_cases = _sweep_into(path, path.parent, "paper_tokens_n (tokens against n)", workers, say, info, run)[0]
