@@ -28,6 +28,13 @@ With atoms (spherepde.atoms) the state is the measure f dA + Σ m_k δ_{x_k}: th
 sources of every velocity evaluation, move with the Runge–Kutta stages of the mesh, and after
 every step are fed, created and merged (in that order) on the new density. The mass guard and
 the record `mass` are those of the whole measure; min f and the density bounds stay on f.
+With atoms and ε > 0 the sums are split: the extrapolation history holds, per head, the softmax
+mean and log-partition of the mesh density alone at the edge points, and the atoms are added to
+them exactly at every stage (spherepde.summation.points). The atoms move, and at large β the
+softmax weights between them change fast, while the background changes slowly; the mesh part
+is then extrapolated over intervals as long as without atoms. The error e is still measured on
+the edge fluxes. (Split only when every head has finite β and every layer as many heads: else
+the whole fluxes are extrapolated.)
 
 Several heads and layers (spherepde.heads): the model may be a MultiHeadModel (the velocity and
 div_S v are sums over the heads, each head with its own summation tables, spherepde.head_fields;
@@ -54,11 +61,13 @@ import xarray as xr
 from .atoms import ATOM_ARRAYS, ATOM_META, Atoms
 from .extrapolated_flux import ExtrapolatedFlux
 from .guards import Guards, RunFailure, check_model
-from .head_fields import heads_field
+from .head_fields import HeadsField, heads_field
 from .heads import as_schedule, common_beta, heads_of
 from .io import CELL_DIM, CELL_INDEX_ATTRS, TIME_ATTRS, attr_value, crs_attrs, xdggs_attrs
 from .summation import DEFAULT_TOL, NearField, attention_field, mesh_sources, table_bytes
 from .summation.field import NEAR_FIELD_MAX_BYTES
+from .summation.kernels import unnormalise
+from .summation.points import add_point_sources
 from .timeline import progress_bar, save_times, segments
 from .transport import FluxDivergence, SSPStepper, kernels
 from .transport.diffusion import MeshDiffusion
@@ -186,6 +195,11 @@ class EulerianSolver:
             self._lag = ExtrapolatedFlux(self.velocity_tolerance, mesh.edge_weights.shape)
             stage_flux = self._stage_flux
         self.atoms = None if atoms is None else Atoms(mesh, **atoms)
+        self._split = None
+        if self._lag is not None and self.atoms is not None:
+            self._split = self._split_buffers()
+            if self._split is not None:
+                self._lag = ExtrapolatedFlux(self.velocity_tolerance, self._split["part"].shape)
         self.diffusion = None if self.noise is None else MeshDiffusion(mesh)
         self.stepper = SSPStepper(self.operator, stage_flux, order=rk_order, cfl=cfl,
                                   dt_floor=self.guards.dt_floor,
@@ -203,6 +217,13 @@ class EulerianSolver:
         self._heads = heads_of(model)
         self._edge_field = heads_field(model, self.mesh, self.mesh.edge_points.reshape(-1, 3),
                                        **self._field_options)
+        # one AttentionField per head (the split sums take each head's mesh part), and what the
+        # split sums need of each head: B, Bᵀ, β, V, and the log field scale if unnormalised
+        self._edge_heads = (self._edge_field.fields if isinstance(self._edge_field, HeadsField)
+                            else [self._edge_field])
+        self._split_heads = [(np.ascontiguousarray(h.B, dtype=float), np.ascontiguousarray(h.B.T, dtype=float),
+                              float(h.beta), np.ascontiguousarray(h.V, dtype=float),
+                              float(h.log_field_scale) if h.unnormalised else None) for h in self._heads]
         self._cell_field = heads_field(model, self.mesh, self.mesh.centroids, **self._field_options)
         return True
 
@@ -265,19 +286,78 @@ class EulerianSolver:
     def _stage_flux(self, t, f, points=None):
         """Stage fluxes when the velocity is extrapolated: the stored exact fluxes at the last
         refresh, the extrapolation where it is usable, else the exact fluxes (cold: they start
-        the history, ExtrapolatedFlux.record_stage)."""
+        the history, ExtrapolatedFlux.record_stage). Split sums: the same for the mesh part,
+        the atoms at their stage positions added exactly."""
         lag = self._lag
+        flux = (lambda state: state) if self._split is None else (lambda part: self._split_flux(part, points))
         if t == lag.last_time:
-            return lag.latest
+            return flux(lag.latest)
         if lag.usable(t):
-            return lag.predict(t)
-        un = self.edge_flux(t, f, points)
-        lag.record_stage(t, un)
-        return un
+            return flux(lag.predict(t))
+        if self._split is None:
+            un = self.edge_flux(t, f, points)
+            lag.record_stage(t, un)
+            return un
+        part = self._mesh_part(f)
+        lag.record_stage(t, part)
+        return flux(part)
 
     def _refresh(self, t, f) -> float:
-        """Exact edge fluxes at (t, f) into the extrapolation history."""
-        return self._lag.refresh(t, self.edge_flux(t, f))
+        """Exact edge fluxes (split sums: the mesh part) at (t, f) into the extrapolation history."""
+        if self._split is None:
+            return self._lag.refresh(t, self.edge_flux(t, f))
+        return self._lag.refresh(t, self._mesh_part(f), to_flux=lambda part: self._split_flux(part, None))
+
+    def _split_buffers(self):
+        """The work arrays of the split sums (module docstring), or None where they do not apply:
+        a head at β = ∞ (its field is local: nothing to split), layers with different head
+        counts, or weights from a callable (not known in advance)."""
+        models = self.schedule.models
+        if models is None:
+            return None
+        counts = {len(heads_of(m)) for m in models}
+        if len(counts) != 1 or any(h.zero_temperature for m in models for h in heads_of(m)):
+            return None
+        targets = np.ascontiguousarray(self.mesh.edge_points.reshape(-1, 3))
+        n = targets.shape[0]
+        return {"part": np.empty((counts.pop(), n, 4)), "velocity": np.empty((n, 3)), "head": np.empty((n, 3)),
+                "targets": targets,
+                "mean": np.empty((n, 3)), "logz": np.empty(n), "no_div": np.empty(0),
+                "no_points": (np.empty((0, 3)), np.empty(0))}
+
+    def _mesh_part(self, f):
+        """Every head's softmax mean and log-partition of the mesh density alone at the edge
+        points: part[h, :, 0:3] = m, part[h, :, 3] = ln Z (a buffer, copied by the history)."""
+        work = self._split
+        part = work["part"]
+        for h, field in enumerate(self._edge_heads):
+            _, _, mean = field(f, False, log_partition=work["logz"])
+            part[h, :, :3] = mean
+            part[h, :, 3] = work["logz"]
+        return part
+
+    def _split_flux(self, part, points):
+        """Edge fluxes of the mesh part (from _mesh_part or extrapolated) plus the atoms at points
+        (None: where they are), summed exactly (spherepde.summation.points); every head's
+        velocity, unnormalised where the head is, summed over the heads."""
+        work = self._split
+        x, m = self._point_sources(points)
+        if x is None:
+            x, log_m = work["no_points"]
+        else:
+            x = np.ascontiguousarray(x, dtype=float)
+            log_m = np.log(m)
+        total = work["velocity"]
+        for h, (B, BT, beta, V, scale) in enumerate(self._split_heads):
+            v = total if h == 0 else work["head"]
+            add_point_sources(work["targets"], BT, beta, V, part[h], x, log_m, v, work["mean"], work["logz"])
+            if scale is not None:  # an unnormalised head
+                unnormalise(B, beta, scale, work["logz"], False, v, work["no_div"], work["mean"])
+            if h:
+                total += v
+        kernels.edge_normal_flux(total.reshape(self.mesh.edge_points.shape), self.mesh.edge_normals,
+                                 self.mesh.edge_weights, self._un)
+        return self._un
 
     def _forget_routes(self):
         """Snapshot boundary: the summation's routing restarts (AttentionField), like the

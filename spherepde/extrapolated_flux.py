@@ -31,6 +31,10 @@ predictor stage of the step, at t + dt) is taken into the history (`record_stage
 linear extrapolation starts after one step instead of after a second full refresh; its error,
 O(dt²) in the state, enters the slope as O(dt) and is measured at the next refresh like any other.
 The next refresh replaces that stage point, so the quadratic only ever uses refreshes.
+
+The history may hold another state than the fluxes, from which the fluxes follow (the Eulerian
+solver with atoms keeps the mesh density's softmax moments, spherepde.summation.points): the
+same polynomials extrapolate that state, and the error e is measured on the fluxes it gives.
 """
 
 from __future__ import annotations
@@ -141,13 +145,22 @@ class ExtrapolatedFlux:
         out += uc
         return out
 
-    def refresh(self, t: float, exact) -> float:
+    def refresh(self, t: float, exact, to_flux=None) -> float:
         """Record the exact fluxes at t. Warm: measure the extrapolation error at t, adapt the
-        interval of the degree used and return the error (0 when cold)."""
+        interval of the degree used and return the error (0 when cold). to_flux: when the history
+        holds another state than the fluxes (the mesh part of split sums, spherepde.eulerian), the
+        map from a state to its edge fluxes (its result may be a reused buffer); the error is then
+        that of the fluxes, as defined above."""
         error = 0.0
         if self.warm and t > self._times[-1]:
-            scale = float(np.max(np.abs(exact)))
-            diff = float(np.max(np.abs(self._extrapolate(t) - exact)))
+            predicted = self._extrapolate(t)
+            if to_flux is None:
+                exact_flux = exact
+            else:
+                predicted = np.array(to_flux(predicted))
+                exact_flux = to_flux(exact)
+            scale = float(np.max(np.abs(exact_flux)))
+            diff = float(np.max(np.abs(predicted - exact_flux)))
             error = diff / scale if scale > 0 else 0.0
             if self._used:  # the error of fluxes the solver actually used
                 self.max_error = max(self.max_error, error)

@@ -162,3 +162,17 @@ def rotation_noise_step(x, s, xi):
     angle = s * r
     # Rodrigues: x cos θ + (k × x) sin θ + k (k·x)(1 − cos θ), with k ⊥ x
     return x * np.cos(angle) + np.cross(axis, x) * np.sin(angle)
+
+
+def softmax_moments(targets, B, beta, sources, masses):
+    """(m_β (T, 3), log Z (T,)) of Σ_j μ_j δ_{y_j} by a plain log-sum-exp in long double
+    (the split sums' reference: rest and points summed in one)."""
+    ld = np.longdouble
+    masses = np.asarray(masses, dtype=float)
+    keep = masses > 0
+    y = np.asarray(sources, dtype=ld)[keep]
+    e = (np.asarray(targets, dtype=ld) @ np.asarray(B, dtype=ld) * ld(beta)) @ y.T + np.log(masses[keep].astype(ld))
+    top = e.max(axis=1, keepdims=True)
+    w = np.exp(e - top)
+    z = w.sum(axis=1)
+    return ((w @ y) / z[:, None]).astype(float), (top[:, 0] + np.log(z)).astype(float)
