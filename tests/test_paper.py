@@ -313,3 +313,10 @@ def test_interval_is_the_student_t_interval():
     samples = np.random.default_rng(0).normal(5.0, 2.0, (2000, 8))
     hits = sum(abs(iv.mean - 5.0) <= iv.half_width for iv in map(interval, samples))
     assert abs(hits / 2000 - 0.95) < 3 * math.sqrt(0.95 * 0.05 / 2000)
+
+
+def test_machine_names_the_cores_and_the_processor():
+    import os
+
+    text = paper.machine()
+    assert text.startswith(f"{os.cpu_count()} cores (") and "\n" not in text

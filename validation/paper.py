@@ -1073,6 +1073,24 @@ def _sweep_into(path, out_dir, label, workers, say, info, run=True):
     return cases, combined
 
 
+def machine() -> str:
+    """The machine a report was made on: CPU model, cores, memory (Linux /proc where available)."""
+    import os
+    import platform
+
+    model = platform.processor() or platform.machine()
+    memory = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), model)
+        with open("/proc/meminfo") as fh:
+            kib = int(next(line.split()[1] for line in fh if line.startswith("MemTotal")))
+        memory = f", {kib / 2**20:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{os.cpu_count()} cores ({model}){memory}"
+
+
 def _token_sweeps(runs, quick, base_over, workers, say, info, run):
     """The token ensembles: paper_tokens and paper_tokens_sharp (every law and β, 8 seeds; the
     step each β needs) and paper_tokens_n (one case, n = 500 … 8000). Returns (token cases, n
@@ -1155,6 +1173,10 @@ def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers
     walls = [c.wall for c in beta_cases + ablation_cases if np.isfinite(c.wall)]
     info.append(f"- sum of the run wall times (each run file's `wall_seconds`, 2 shared cores) of paper_beta and "
                 f"the ablation: {sum(walls):.0f} s")
+    flags = " --quick" if quick else (" --slow" if slow else "")
+    info.insert(0, f"- command: `spherepde validate paper{flags} --out DIR`; this call took "
+                   f"{time.perf_counter() - start_all:.0f} s before the report was written "
+                   f"({'running the runs it lacked' if run else 'reading existing runs only'}), on {machine()}")
     report = write_report(out, beta_cases, ablation_cases, phase, quick, info, read_paper_table(), token_cases,
                           n_cases)
     say(f"  report {report} ({time.perf_counter() - start_all:.0f} s)")
