@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from .config import DEFAULTS, ConfigError, difference, load, resolve
 
-__all__ = ["RunSpec", "SweepError", "SweepFailure", "expand", "plan", "run_sweep", "run_one", "combine",
+__all__ = ["RunSpec", "SweepError", "SweepFailure", "expand", "plan", "run_sweep", "run_one", "combine", "combined_is_current",
            "derived_seed", "MAX_RUNS"]
 
 MAX_RUNS = 10_000  # run ids carry four digits
@@ -519,8 +519,12 @@ def run_sweep(path, out_dir=None, scheduler=None, workers=2, progress=None, over
             raise SweepError(f"{name}: must be a positive integer, got {value!r}")
     log = log or (lambda text: None)
     sweep, specs = _expand(path, out_dir)
-    actions = plan(specs, overwrite)
     name, out = sweep.name, specs[0].path.parent
+    if combined_is_current(out / f"{name}.nc", specs):
+        log(f"spherepde sweep {name}: {len(specs)} of {len(specs)} runs complete, combined file up to date → "
+            f"{out / f'{name}.nc'}")
+        return out / f"{name}.nc"
+    actions = plan(specs, overwrite)
     todo = [(spec, action) for spec, action in zip(specs, actions) if action != "skip"]
     with contextlib.ExitStack() as stack:
         # a cluster that is already there is checked before anything is written
@@ -572,6 +576,32 @@ def run_sweep(path, out_dir=None, scheduler=None, workers=2, progress=None, over
     if failures:
         raise SweepFailure(failures, combined)
     return combined
+
+
+def combined_is_current(path, specs) -> bool:
+    """Whether the combined file at path already holds exactly these runs, complete: written by
+    this spherepde version, with no failed run, from the same run ids and resolved configs, and
+    after the last change of every run file. Then nothing is left to run and combining again
+    would write the same file, so a repeated sweep skips both (and the reading of every run
+    file they need). Any doubt (a missing or unreadable file, another config) answers False."""
+    import xarray as xr
+
+    from . import __version__
+
+    path = Path(path)
+    try:
+        written = path.stat().st_mtime_ns
+        if any(spec.path.stat().st_mtime_ns > written for spec in specs):
+            return False
+        with xr.open_dataset(path, engine="netcdf4") as ds:
+            if ds.attrs.get("spherepde_version") != __version__ or json.loads(ds.attrs.get("failed_runs", "?")):
+                return False
+            run_ids = [str(r) for r in ds["run_id"].values]
+            configs = [json.loads(str(c)) for c in ds["run_config"].values]
+    except (OSError, ValueError, KeyError):
+        return False
+    return (run_ids == [spec.run_id for spec in specs]
+            and configs == [json.loads(json.dumps(spec.config)) for spec in specs])
 
 
 def _output_dir(out):

@@ -5,6 +5,7 @@ refused), and a sweep on a given scheduler with a failing run, a replaced and a 
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -246,13 +247,37 @@ def test_whole_table_key_named_like_a_dimension(swept, tmp_path):
 
 
 def test_rerun_skips_complete_runs(swept):
+    """A repeated sweep with its combined file current touches nothing (not even the combined
+    file); once a run file is newer than the combined file, the runs are checked one by one,
+    skipped as complete, and combined again."""
     mtimes = {s.run_id: s.path.stat().st_mtime_ns for s in swept["specs"]}
+    combined = swept["combined"]
+    written = combined.stat().st_mtime_ns
     lines = []
+    assert run_sweep(swept["path"], out_dir=swept["out"], workers=2, progress=False, log=lines.append,
+                     verbose=True) == combined
+    assert len(lines) == 1 and "4 of 4 runs complete, combined file up to date" in lines[0]
+    assert combined.stat().st_mtime_ns == written
+    os.utime(swept["specs"][2].path)  # a run file changed after the combined file was written
+    lines.clear()
     run_sweep(swept["path"], out_dir=swept["out"], workers=2, progress=False, log=lines.append, verbose=True)
     assert sum("complete, skipped" in line for line in lines) == 4
     assert "(4 complete, 0 to continue, 0 to start)" in lines[0]
     assert not any("started in" in line for line in lines)  # no cluster for nothing to do
+    assert combined.stat().st_mtime_ns > written
+    mtimes[swept["specs"][2].run_id] = swept["specs"][2].path.stat().st_mtime_ns
     assert {s.run_id: s.path.stat().st_mtime_ns for s in swept["specs"]} == mtimes
+
+
+def test_combined_is_current_only_for_the_same_runs(swept):
+    from spherepde.sweep import combined_is_current
+
+    specs, combined = swept["specs"], swept["combined"]
+    assert combined_is_current(combined, specs)
+    assert not combined_is_current(combined, specs[:3])  # another set of runs
+    other = [specs[0]._replace(config=dict(specs[0].config, time={**specs[0].config["time"], "t_end": 9.0}))]
+    assert not combined_is_current(combined, other + specs[1:])  # another config
+    assert not combined_is_current(combined.with_name("missing.nc"), specs)
 
 
 def test_changed_grid_is_refused(swept, capsys):
