@@ -910,10 +910,11 @@ def _disagreement(cases_by_nside, groups, n_groups, paper_rows, ablation_rows, q
     ]
     lines += _resolution_summary([c for cs in cases_by_nside.values() for c in cs])
     lines += [
-        "  Where the two disagree at β ≥ 30 the quadrature particles are not the better answer: the mean "
-        "field keeps a background density between the clusters that the particles cannot carry (they all "
-        "flow into the clusters), and at large β that background weighs on the clusters "
-        "(validation/reports/atoms/background.md).",
+        "  Where the two disagree at β ≥ 30 neither is settled. The mean field keeps a background density "
+        "between the clusters that the particles cannot carry (they all flow into the clusters), and at large β "
+        "that background weighs on the clusters (validation/reports/atoms/background.md). But the Eulerian "
+        "onset is not mesh-converged there either: for the projected normal at β = 30 it moves "
+        "14.14 → 14.04 → 13.04 at nside 16 / 32 / 64, towards the particles' 11.7 (docs/atoms.md).",
         "- **Time stepping and β.** Tokens use RK4 with a fixed dt (full set: 0.05 at β = 10 and 30, where one "
         "sample's F-onset moves by 5e-6 and 9e-5 between dt 0.05 and 0.01; 0.01 at β = 1000 and ∞); the paper "
         "uses its normalised Euler step with an unpublished step. At β = 1000 the softmax is nearly discontinuous "
