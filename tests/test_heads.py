@@ -6,7 +6,6 @@ config (bad values: exit 2 naming the key), the run file, sweeps, and the cost i
 import json
 import math
 
-import numba
 import numpy as np
 import pytest
 import scipy.linalg
@@ -26,6 +25,7 @@ from spherepde.particles import ParticleSolver, quadrature_particles, tokens_fro
 from spherepde.summation import zero_temperature_field
 from spherepde.weights import resolve_weights
 from test_attention import random_points, reference_field
+from test_reliability import one_numba_thread  # noqa: F401 (autouse: one numba thread)
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -34,13 +34,6 @@ V2 = np.array([[0.5, 0.0, 0.0], [0.0, 0.2, 0.0], [0.0, 0.0, -1.0]])
 ATOMS = dict(capacity=16, width=1.3, min_mass=1e-4, merge=0.5, feeding=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    """One numba thread: many small kernel calls on a shared machine (results do not depend on it)."""
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(threads)
 
 
 def two_orthogonal_heads(scale=1.0):

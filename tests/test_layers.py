@@ -7,7 +7,6 @@ equals the uninterrupted one; the per-layer diagnostics; bad [[model.layers]] ex
 import json
 import math
 
-import numba
 import numpy as np
 import pytest
 import scipy.linalg
@@ -23,7 +22,7 @@ from spherepde.model import AttentionModel
 from spherepde.particles import ParticleSolver, quadrature_particles, tokens_from_law
 from spherepde.timeline import segments, with_breaks
 from run_helpers import ROUND_OFF, run_difference
-from test_reliability import interrupt_after
+from test_reliability import interrupt_after, one_numba_thread  # noqa: F401 (autouse: one numba thread)
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -31,12 +30,6 @@ V_TILTED = np.array([[0.2, 0.0, 0.0], [0.0, 1.0, 0.4], [0.0, 0.4, -0.5]])  # dom
 ATOMS = dict(capacity=16, width=1.3, min_mass=1e-4, merge=0.5, feeding=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(threads)
 
 
 class Recording(LayerSchedule):

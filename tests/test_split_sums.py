@@ -7,7 +7,6 @@ evaluations than extrapolating the whole fluxes."""
 
 import math
 
-import numba
 import numpy as np
 import pytest
 
@@ -18,18 +17,13 @@ from spherepde.heads import MultiHeadModel
 from spherepde.initial import ProjectedNormal, VonMisesFisher
 from spherepde.model import AttentionModel
 from spherepde.summation.points import add_point_sources
+from test_reliability import one_numba_thread  # noqa: F401 (autouse: one numba thread)
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
 ATOMS = dict(capacity=16, width=1.3, min_mass=1e-4, merge=0.5, feeding=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_numba_thread():
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(threads)
 
 
 def unit(rng, n):
