@@ -52,7 +52,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # a file name: no separators
 WARM_UP_TIME = 1e-3  # simulated time of a warm-up run: one step
 # per-time variables of a run file that are bookkeeping, not diagnostics (open_run has used them;
 # a snapshot's digest checks its own file only, and integer markers cannot hold the NaN of a
-# time that one run lacks)
+# time that one run lacks: combine writes snapshot_kind again, as a float)
 MARKERS = ("snapshot_complete", "snapshot_kind", "snapshot_digest")
 
 
@@ -644,6 +644,10 @@ def combine(specs, path, sweep_name, sweep_file=None, failures=()) -> Path:
     """Write the per-snapshot diagnostics (every (time,) variable) of the runs' files, along a new
     dimension `run`, to path; returns path.
 
+    Besides the diagnostics: snapshot_kind (run, time) as a float (0 regular, 1 the state at a guard
+    failure, NaN where the run has no snapshot), run_complete and run_wall_seconds per run, so
+    that a reader of the combined file alone (validation/paper.py) knows each run's own times.
+
     Coordinates: run (the expansion index), run_id, param_hash, one per swept key ("model.beta" →
     model_beta; labels for whole-table keys; "_label" appended where the name is taken, as
     "time" is); run_config holds each run's resolved config (JSON). failures: (run id, reason)
@@ -660,13 +664,19 @@ def combine(specs, path, sweep_name, sweep_file=None, failures=()) -> Path:
     from . import __version__
     from .io import TIME_ATTRS, open_run, timestamp
 
-    parts = []
+    parts, complete, walls = [], [], []
     for spec in specs:
         ds = open_run(spec.path)
         keep = [n for n, v in ds.data_vars.items() if v.dims == ("time",) and n not in MARKERS]
         part = ds[keep]
         part.attrs = {}
+        # which times the run has, and which of them is its state at a guard failure: float, so
+        # that the union of times can hold NaN where the run has no snapshot
+        kind = ds["snapshot_kind"].values if "snapshot_kind" in ds else np.zeros(ds.sizes["time"])
+        part["snapshot_kind"] = ("time", np.asarray(kind, dtype=float))
         parts.append(part.expand_dims(run=[spec.index]))
+        complete.append(int(ds.attrs.get("complete", 0)))
+        walls.append(float(ds.attrs.get("wall_seconds", np.nan)))
     combined = xr.concat(parts, dim="run", join="outer", data_vars="all", coords="minimal",
                          compat="override", combine_attrs="drop")
     coords = {"run_id": ("run", np.array([s.run_id for s in specs], dtype=object)),
@@ -684,6 +694,12 @@ def combine(specs, path, sweep_name, sweep_file=None, failures=()) -> Path:
     combined["run"].attrs["long_name"] = "index of the run in the sweep's expansion"
     combined["run_config"] = ("run", np.array([json.dumps(s.config) for s in specs], dtype=object))
     combined["run_config"].attrs["long_name"] = "the run's resolved config (JSON)"
+    combined["snapshot_kind"].attrs = {
+        "long_name": "0 a regular snapshot of the run, 1 its state at a guard failure, NaN: the run has "
+                     "no snapshot at this time"}
+    combined["run_complete"] = ("run", np.array(complete, dtype=np.int8),
+                                {"long_name": "1 if the run finished, 0 if it was interrupted or failed"})
+    combined["run_wall_seconds"] = ("run", np.array(walls), {"long_name": "wall time of the run", "units": "s"})
     combined.attrs = {
         "Conventions": "CF-1.13",
         "title": f"spherepde sweep {sweep_name}: per-snapshot diagnostics of its runs",

@@ -298,6 +298,33 @@ def test_report_from_tiny_runs(tmp_path):
     assert (report.parent / "ablation.png").is_file() and (report.parent / "beta_uniform_nside4.png").is_file()
 
 
+def test_cases_from_the_combined_file_read_no_run_file(tmp_path, monkeypatch):
+    """With the sweep's combined file current, collect takes every metric from it (equal to the
+    metrics from the run files) and opens a run file only when a case's fields are asked for;
+    a run file newer than the combined file sends it back to the run files."""
+    import os
+
+    import spherepde.io
+    from spherepde.sweep import combine
+
+    uniform = {"label": "uniform", "kind": "uniform"}
+    from_files = _tiny_runs(paper.PAPER_BETA, tmp_path / "b", {"model.beta": [10.0, "inf"], "initial": [uniform]})
+    specs = [c.spec for c in from_files]
+    combined = combine(specs, tmp_path / "b" / "paper_beta.nc", "paper_beta")
+    opened = []
+    real_open = spherepde.io.open_run
+    monkeypatch.setattr(spherepde.io, "open_run", lambda path: opened.append(path) or real_open(path))
+    cases = paper.collect(specs, tmp_path / "b", combined)
+    assert opened == [] and len(cases) == len(from_files)
+    for a, b in zip(cases, from_files):
+        assert a.metrics == b.metrics and (a.t_end, a.complete, a.wall) == (b.t_end, b.complete, b.wall)
+        np.testing.assert_array_equal(a.series.time.values, b.series.time.values)
+    assert cases[0].ds.density.shape == from_files[0].ds.density.shape and len(opened) == 1
+    os.utime(specs[1].path, ns=(combined.stat().st_mtime_ns + 10**9,) * 2)
+    opened.clear()
+    assert len(paper.collect(specs, tmp_path / "b", combined)) == 2 and len(opened) == 2
+
+
 # ------------------------------------------------------------------ ensembles
 def test_interval_is_the_student_t_interval():
     from validation.ensembles import interval, onset_text

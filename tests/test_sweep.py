@@ -229,6 +229,10 @@ def test_combined_dataset(swept):
         for name in ("alignment_E", "alignment_F", "mass", "w2_to_projection"):
             np.testing.assert_array_equal(ds[name].sel(run=spec.index).values, run[name].values)
         assert json.loads(str(ds.run_config.sel(run=spec.index).values))["model"] == spec.config["model"]
+        # each run's own times and record, for readers of the combined file alone
+        np.testing.assert_array_equal(ds.snapshot_kind.sel(run=spec.index).values, run.snapshot_kind.values)
+        assert int(ds.run_complete.sel(run=spec.index)) == run.attrs["complete"] == 1
+        assert float(ds.run_wall_seconds.sel(run=spec.index)) == run.attrs["wall_seconds"]
     assert json.loads(ds.attrs["failed_runs"]) == [] and ds.attrs["sweep_name"] == "t"
     # the phase-diagram layout: one dimension per swept key
     grid = ds.set_index(run=["model_beta", "initial"]).unstack("run")

@@ -325,14 +325,20 @@ def _fmt_t(x):
 
 
 class Case:
-    """One run of a sweep: its spec, run Dataset, β, initial-law label, case label, metrics per
-    solver ("eulerian": the density with atoms; "particles": the particles in the run, tokens or
-    quadrature particles, `particle_mode`). A run of tokens alone has nside None."""
+    """One run of a sweep: its spec, β, initial-law label, case label, metrics per solver
+    ("eulerian": the density with atoms; "particles": the particles in the run, tokens or
+    quadrature particles, `particle_mode`). A run of tokens alone has nside None.
 
-    def __init__(self, spec, ds, path):
+    series: the run's per-snapshot diagnostics (regular snapshots only), from the run file or
+    from the sweep's combined file (one row of it; then complete and wall come from run_complete
+    and run_wall_seconds). ds: the whole run file (fields included), read on first use, so a
+    report that needs the fields of a few runs reads only those files.
+    """
+
+    def __init__(self, spec, path, ds=None, series=None, complete=None, wall=None):
         from spherepde.config import build_initial_law, build_model
 
-        self.spec, self.ds, self.path = spec, ds, Path(path)
+        self.spec, self.path, self._ds = spec, Path(path), ds
         cfg = spec.config
         self.beta = _beta(cfg["model"]["beta"])
         self.law = _label(spec.params["initial"]) if "initial" in spec.params else cfg["initial"]["kind"]
@@ -345,17 +351,29 @@ class Case:
         self.seed = int(pt["seed"]) if pt and pt["mode"] == "tokens" else None
         self.model = build_model(cfg["model"])
         self.initial_law = build_initial_law(cfg["initial"])
-        self.complete = int(ds.attrs.get("complete", 0)) == 1
-        self.wall = float(ds.attrs.get("wall_seconds", math.nan))
-        times = _regular(ds)["time"].values
-        self.t_end = float(times[-1])
+        if series is None:
+            series = _diagnostics(ds)
+            complete, wall = ds.attrs.get("complete", 0), ds.attrs.get("wall_seconds", math.nan)
+        self.series = series
+        self.complete = int(complete) == 1
+        self.wall = float(wall)
+        self.t_end = float(series["time"].values[-1])
         self.t_planned = float(cfg["time"]["t_end"])
         self.metrics = {}
         for who, prefix in (("eulerian", ""), ("particles", "particle_")):
-            if prefix + "alignment_E" not in ds:
+            if prefix + "alignment_E" not in series:
                 continue
-            self.metrics[who] = {"max_E": max_alignment(ds, prefix), "onset": f_phase_onset(ds, prefix),
-                                 "w2_min": u_curve_minimum(ds, prefix)}
+            self.metrics[who] = {"max_E": max_alignment(series, prefix), "onset": f_phase_onset(series, prefix),
+                                 "w2_min": u_curve_minimum(series, prefix)}
+
+    @property
+    def ds(self):
+        """The whole run file (spherepde.open_run: checksums verified), read once."""
+        if self._ds is None:
+            from spherepde.io import open_run
+
+            self._ds = open_run(self.path)
+        return self._ds
 
     @property
     def particle_label(self):
@@ -363,10 +381,47 @@ class Case:
             self.particle_mode, "particles")
 
 
-def collect(specs, out_dir):
-    """Cases of the run files of a sweep that exist (complete or not)."""
+def _diagnostics(ds):
+    """The per-snapshot diagnostics ((time,) variables) of a run Dataset, regular snapshots only."""
+    ds = _regular(ds)
+    return ds[[n for n, v in ds.data_vars.items() if v.dims == ("time",)]]
+
+
+def _cases_from_combined(specs, out_dir, combined_path):
+    """Cases from a sweep's combined file, or None when it cannot stand in for the run files (not
+    current for these specs, or written before it carried snapshot_kind and run_complete)."""
+    import xarray as xr
+
+    from spherepde.sweep import combined_is_current
+
+    if combined_path is None or not combined_is_current(combined_path, specs):
+        return None
+    with xr.open_dataset(combined_path, engine="netcdf4") as handle:
+        if "snapshot_kind" not in handle or "run_complete" not in handle:
+            return None
+        combined = handle.load()
+    drop = [n for n, v in combined.data_vars.items() if "time" not in v.dims]
+    cases = []
+    for i, spec in enumerate(specs):
+        row = combined.isel(run=i)
+        kind = row["snapshot_kind"].values
+        series = row.drop_vars(drop).isel(time=np.nonzero(kind == 0)[0])
+        series = series.drop_vars([n for n in series.coords if n != "time"])
+        if series.sizes["time"] >= 2:
+            cases.append(Case(spec, _run_file(out_dir, spec), series=series,
+                              complete=int(row["run_complete"]), wall=float(row["run_wall_seconds"])))
+    return cases
+
+
+def collect(specs, out_dir, combined=None):
+    """Cases of the run files of a sweep that exist (complete or not). combined: the sweep's
+    combined file; when it is current for these specs (spherepde.sweep.combined_is_current) the
+    diagnostics come from it and no run file is read until a case's fields are needed."""
     from spherepde.io import RunFileError, open_run
 
+    cases = _cases_from_combined(specs, out_dir, combined)
+    if cases is not None:
+        return cases
     cases = []
     for spec in specs:
         path = _run_file(out_dir, spec)
@@ -375,7 +430,7 @@ def collect(specs, out_dir):
         except RunFileError:
             continue
         if ds.sizes.get("time", 0) >= 2:
-            cases.append(Case(spec, ds, path))
+            cases.append(Case(spec, path, ds=ds))
     return cases
 
 
@@ -385,7 +440,7 @@ def _combined_from_cases(cases):
 
     parts = []
     for c in cases:
-        ds = _regular(c.ds)
+        ds = c.series
         names = [n for n, v in ds.data_vars.items() if v.dims == ("time",)]
         part = ds[names].expand_dims("run")
         part = part.assign_coords(run_id=("run", [c.spec.run_id]), model_beta=("run", [c.beta]))
@@ -428,7 +483,7 @@ def figure_law(cases, law, nside, references, path):
         return None
     fig, axes = plt.subplots(len(rows), 4, figsize=(13, 2.3 * len(rows) + 0.6), squeeze=False, sharex=True)
     for r, c in enumerate(rows):
-        ds = _regular(c.ds)
+        ds = c.series
         t = ds.time.values
         ref = references.get(law)
         for j, (who, prefix) in enumerate((("Eulerian", ""), (c.particle_label, "particle_"))):
@@ -764,7 +819,7 @@ def _references(cases, quick):
     for c in cases:
         if c.law in refs:
             continue
-        t = _regular(c.ds).time.values
+        t = c.series.time.values
         from spherepde.model import AttentionModel
 
         model = AttentionModel(c.model.B, c.model.V, math.inf)
@@ -1063,7 +1118,7 @@ def _sweep_into(path, out_dir, label, workers, say, info, run=True):
         name = _load_toml(path)["sweep"]["name"]
         combined = Path(out_dir) / f"{name}.nc"
         combined = combined if combined.is_file() else None
-    cases = collect(specs, out_dir)
+    cases = collect(specs, out_dir, combined)
     failed = f"; failed: {', '.join(f'{r} ({why})' for r, why in failures)}" if failures else ""
     partial = [c.spec.run_id for c in cases if not c.complete]
     partial = f"; not finished: {', '.join(partial)}" if partial else ""
