@@ -176,3 +176,32 @@ def softmax_moments(targets, B, beta, sources, masses):
     w = np.exp(e - top)
     z = w.sum(axis=1)
     return ((w @ y) / z[:, None]).astype(float), (top[:, 0] + np.log(z)).astype(float)
+
+
+def clustered_softmax(targets, B, beta, V, centres, log_mass, second, third):
+    """(v (T, 3), m (T, 3), log Z (T,)) of grouped sources, each group the term M e^{⟨a, c⟩}P,
+    P = 1 + ½aᵀSa + ⅙T(a, a, a), with first moment M e^{⟨a, c⟩}(P c + Sa + ½T(a, a, ·)), a = βBᵀx;
+    S and T rebuilt as full symmetric tensors from their components."""
+    a = beta * np.asarray(targets) @ np.asarray(B)  # rows aᵢ = βBᵀxᵢ
+    s = np.asarray(second)
+    S = np.zeros((s.shape[0], 3, 3))
+    for (k, l), col in zip([(0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2)], s.T):
+        S[:, k, l] = S[:, l, k] = col
+    T = np.zeros((s.shape[0], 3, 3, 3))
+    names = ("xxx", "yyy", "zzz", "xxy", "xxz", "xyy", "yyz", "xzz", "yzz", "xyz")
+    for name, col in zip(names, np.asarray(third).T):
+        idx = ["xyz".index(c) for c in name]
+        for perm in {(idx[0], idx[1], idx[2]), (idx[0], idx[2], idx[1]), (idx[1], idx[0], idx[2]),
+                     (idx[1], idx[2], idx[0]), (idx[2], idx[0], idx[1]), (idx[2], idx[1], idx[0])}:
+            T[(slice(None),) + perm] = col
+    Sa = np.einsum("gkl,tl->tgk", S, a)  # (T, G, 3)
+    Taa = np.einsum("gijk,ti,tj->tgk", T, a, a)
+    P = 1.0 + 0.5 * np.einsum("tk,tgk->tg", a, Sa) + np.einsum("tk,tgk->tg", a, Taa) / 6.0
+    e = a @ np.asarray(centres).T + np.asarray(log_mass)[None, :]
+    top = e.max(axis=1, keepdims=True)
+    w = np.exp(e - top)
+    z = np.sum(w * P, axis=1)
+    m = (np.einsum("tg,gk->tk", w * P, centres) + np.einsum("tg,tgk->tk", w, Sa + 0.5 * Taa)) / z[:, None]
+    u = m @ np.asarray(V).T
+    v = u - np.sum(targets * u, axis=1, keepdims=True) * targets
+    return v, m, top[:, 0] + np.log(z)

@@ -14,7 +14,8 @@ import spherepde
 PACKAGE = Path(spherepde.__file__).parent
 SUMMATION = PACKAGE / "summation"
 # layer of every module of spherepde/summation: a module may import only strictly lower layers
-LAYERS = {"fastmath": 0, "kernels": 1, "direct": 2, "tree": 2, "harmonic": 2, "near_field": 2, "points": 2, "field": 3,
+LAYERS = {"fastmath": 0, "kernels": 1, "direct": 2, "tree": 2, "harmonic": 2, "near_field": 2, "points": 2, "clustered": 2,
+          "field": 3,
           "__init__": 4}
 # what the summation may import from the rest of spherepde (geometry and the model, not the solvers)
 OUTSIDE = {"spherepde.mesh", "spherepde.model"}

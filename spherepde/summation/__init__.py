@@ -5,10 +5,11 @@ Layers, each importing only from those below it (tests/test_layering.py checks t
 
     field        attention_field / AttentionField: the one entry point, the method choice and
                  cost model, mesh_sources                       (imports the sums and kernels)
-    direct, tree, harmonic, near_field, points
+    direct, tree, harmonic, near_field, points, clustered
                  the sums side by side: direct O(N·T), tree pruning, Funk–Hecke expansion, the
-                 near-field cell integrals, and a few point sources added exactly to a finished
-                 sum (the atoms' split sums)           (import kernels, fastmath, spherepde.mesh)
+                 near-field cell integrals, a few point sources added exactly to a finished
+                 sum (the atoms' split sums), and tight groups of sources as one term each
+                 (concentrated tokens)                 (import kernels, fastmath, spherepde.mesh)
     kernels      shared numba kernels: source arrays, block maxima and moments, finishing
     fastmath     the vectorisable exp / exp2 and maxnum of the kernels
 

@@ -29,6 +29,9 @@ hands them the shared source arrays (spherepde.summation.kernels):
 - "harmonic": spherepde.summation.harmonic, the Funk–Hecke expansion for moderate β; the
   targets it cannot serve within the tolerance are re-summed here, by the tree where that pays
   (FALLBACK_TREE_CAP_FRACTION), else directly;
+- "clustered": spherepde.summation.clustered, a tight group of sources (concentrated tokens) as
+  one third-order expansion term, |Δm_β| ≤ 2 tol; "auto" takes it before the others whenever the
+  groups are at most 1/CLUSTER_GAIN of the sources and no divergence is asked for;
 - near-field corrections: spherepde.summation.near_field (NearField), added by the direct and
   tree kernels.
 """
@@ -40,7 +43,7 @@ import warnings
 
 import numpy as np
 
-from . import direct, harmonic, tree
+from . import clustered, direct, harmonic, tree
 from .fastmath import LOG2E
 from .kernels import _EXP2_LIMIT, no_log_partition, no_near_field, source_arrays, unnormalise, write_back
 from .near_field import NearField, table_bytes
@@ -48,9 +51,10 @@ from .near_field import NearField, table_bytes
 __all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "AttentionField", "mesh_sources",
            "tree_cap_fraction"]
 
-METHODS = ("auto", "direct", "tree", "harmonic")
+METHODS = ("auto", "direct", "tree", "harmonic", "clustered")
 DEFAULT_TOL = 1e-10
 TREE_MIN_SOURCES = 3072  # below this the tree's overhead is not worth it
+CLUSTER_MIN_SOURCES = 256  # below this grouping the sources costs more than it can save
 TREE_MAX_CAP_FRACTION = 0.2  # the tree pays when the weights live on < 20 % of the sphere
 # harmonic cost per target ≈ HARMONIC_PAIRS_PER_TERM·(L+1)² direct pairs (per source: twice that;
 # measured against softmax_blocked in the same runs at nside 8 to 32, β = 3 to 30: 0.9 to 2.1,
@@ -145,6 +149,11 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         logz[:] = np.nan  # β = ∞: no partition function (Z diverges or vanishes)
         return velocity, (divergence if want_div else None), None
     sources = np.ascontiguousarray(sources, dtype=float)
+    groups = _clustered_groups(model, sources, masses, want_div, near, tol, method)
+    if groups is not None:
+        method = "clustered"
+    elif method == "clustered":
+        method = "direct"  # asked for, but the divergence (or a near field) needs every source
     if method == "auto":
         method = choose_method(model, targets, sources.shape[0], tol)
     if method in ("tree", "harmonic") and np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() > 1e-12:
@@ -164,6 +173,11 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
             log_mass = np.log(np.maximum(masses, 0.0))
         direct.softmax_direct_reference(targets, BT, model.beta, sources, log_mass, model.V,
                                         want_div, velocity, divergence, mean, logz)
+    elif method == "clustered":
+        clustered.clustered_softmax(targets, BT, float(model.beta), groups.centres, groups.log_mass, groups.second,
+                                    groups.third, model.V, velocity, mean, logz)
+        if stats is not None:
+            stats["groups"] = groups.count
     elif method == "tree":
         fallbacks = tree.tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity,
                                    divergence, mean, near_cells, near_delta, log2_factor, logz)
@@ -189,6 +203,21 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         unnormalise(np.ascontiguousarray(model.B, dtype=float), float(model.beta), float(model.log_field_scale),
                     logz, want_div, velocity, divergence, mean)
     return velocity, (divergence if want_div else None), mean
+
+
+def _clustered_groups(model, sources, masses, want_div, near, tol, method):
+    """The SourceGroups of the clustered sum when it serves this call, else None: asked for
+    ("clustered") or "auto" with at least CLUSTER_MIN_SOURCES sources grouped into at most
+    1/CLUSTER_GAIN of their number; never with the divergence or an active near field."""
+    if want_div or (near is not None and near.active) or method not in ("auto", "clustered"):
+        return None
+    if method == "auto" and sources.shape[0] < CLUSTER_MIN_SOURCES:
+        return None
+    scale = float(model.beta) * float(np.linalg.norm(model.B, 2))
+    groups = clustered.group_sources(sources, masses, scale, tol)
+    if method == "auto" and groups.count * clustered.CLUSTER_GAIN > groups.nsources:
+        return None
+    return groups
 
 
 def _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, redo, velocity,
