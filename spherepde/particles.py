@@ -200,7 +200,7 @@ class ParticleSolver:
             v, div = np.empty((n, 3)), np.empty(n)
             zero_temperature_field(x, m.B, m.M, self.carry_density, v, div)
             return v, (div if self.carry_density else None)
-        v, div, _ = attention_field(m, x, weights, x, want_div=self.carry_density)
+        v, div, _ = attention_field(m, x, weights, x, want_div=self.carry_density, may_cluster=True)
         return v, div
 
     # ------------------------------------------------------------------ steps

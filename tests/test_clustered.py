@@ -95,7 +95,7 @@ def test_error_below_tolerance_at_the_widest_accepted_groups(beta):
     targets = np.concatenate([_clusters(rng, 300, 0.6)[0], x[:100]])
     lz = np.empty(targets.shape[0])
     stats = {}
-    _, _, m = attention_field(model, x, w, targets, tol=tol, stats=stats, log_partition=lz)
+    _, _, m = attention_field(model, x, w, targets, tol=tol, stats=stats, log_partition=lz, may_cluster=True)
     assert stats["method"] == "clustered" and stats["groups"] == g.count
     m_exact, lz_exact = ref.softmax_moments(targets, PAPER_B, beta, x, w)
     assert np.abs(m - m_exact).max() <= 2 * tol
@@ -106,23 +106,26 @@ def test_error_below_tolerance_at_the_widest_accepted_groups(beta):
     assert np.abs(m - m_exact).max() < 0.1 * np.abs(m_points - m_exact).max()
     wide = _clusters(rng, 1500, 30 * r)
     stats = {}
-    attention_field(model, *wide, targets, tol=tol, stats=stats)
+    attention_field(model, *wide, targets, tol=tol, stats=stats, may_cluster=True)
     assert stats["method"] != "clustered"
 
 
-def test_auto_needs_many_sources_and_no_divergence():
+def test_auto_needs_tokens_many_sources_and_no_divergence():
+    """"auto" groups only when the caller's sources may concentrate (may_cluster: the tokens; the
+    mesh's cells never do and would pay the grouping for nothing)."""
     rng = np.random.default_rng(5)
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
     x, w = _clusters(rng, 2 * CLUSTER_MIN_SOURCES, 1e-10)
     stats = {}
-    attention_field(model, x, w, x, stats=stats)
+    attention_field(model, x, w, x, stats=stats, may_cluster=True)
     assert stats["method"] == "clustered"
-    for kwargs in ({"want_div": True}, {"method": "direct"}):
+    for kwargs in ({"want_div": True}, {"method": "direct"}, {"may_cluster": False}):
         stats = {}
-        attention_field(model, x, w, x, stats=stats, **kwargs)
+        attention_field(model, x, w, x, stats=stats, **({"may_cluster": True} | kwargs))
         assert stats["method"] == "direct"
     stats = {}
-    attention_field(model, x[: CLUSTER_MIN_SOURCES - 1], w[: CLUSTER_MIN_SOURCES - 1], x, stats=stats)
+    attention_field(model, x[: CLUSTER_MIN_SOURCES - 1], w[: CLUSTER_MIN_SOURCES - 1], x, stats=stats,
+                    may_cluster=True)
     assert stats["method"] != "clustered"
     stats = {}  # asked for with the divergence: the exact sum instead
     v, div, _ = attention_field(model, x, w, x, want_div=True, method="clustered", stats=stats)

@@ -30,8 +30,9 @@ hands them the shared source arrays (spherepde.summation.kernels):
   targets it cannot serve within the tolerance are re-summed here, by the tree where that pays
   (FALLBACK_TREE_CAP_FRACTION), else directly;
 - "clustered": spherepde.summation.clustered, a tight group of sources (concentrated tokens) as
-  one third-order expansion term, |Δm_β| ≤ 2 tol; "auto" takes it before the others whenever the
-  groups are at most 1/CLUSTER_GAIN of the sources and no divergence is asked for;
+  one third-order expansion term, |Δm_β| ≤ 2 tol; "auto" takes it before the others for callers
+  whose sources can concentrate (may_cluster: the tokens) whenever the groups are at most
+  1/CLUSTER_GAIN of the sources and no divergence is asked for;
 - near-field corrections: spherepde.summation.near_field (NearField), added by the direct and
   tree kernels.
 """
@@ -95,7 +96,7 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
 
 
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
-                    tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None):
+                    tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None, may_cluster=False):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     The field follows model.normalisation: softmax, v = P_x(V m_β); or unnormalised,
@@ -127,6 +128,8 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     rounding for direct, ≤ tol (absolute, in log Z) for the tree and the harmonic sums. At β = ∞
     there is no partition function: the array is filled with NaN. Not asking costs nothing (the
     kernels skip the store).
+    may_cluster: let "auto" try the clustered sums (grouping costs O(N log N) per call): for sources
+    that can concentrate, the tokens of spherepde.particles; mesh cells never do.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -149,7 +152,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         logz[:] = np.nan  # β = ∞: no partition function (Z diverges or vanishes)
         return velocity, (divergence if want_div else None), None
     sources = np.ascontiguousarray(sources, dtype=float)
-    groups = _clustered_groups(model, sources, masses, want_div, near, tol, method)
+    groups = _clustered_groups(model, sources, masses, want_div, near, tol, method, may_cluster)
     if groups is not None:
         method = "clustered"
     elif method == "clustered":
@@ -205,13 +208,13 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     return velocity, (divergence if want_div else None), mean
 
 
-def _clustered_groups(model, sources, masses, want_div, near, tol, method):
+def _clustered_groups(model, sources, masses, want_div, near, tol, method, may_cluster):
     """The SourceGroups of the clustered sum when it serves this call, else None: asked for
-    ("clustered") or "auto" with at least CLUSTER_MIN_SOURCES sources grouped into at most
-    1/CLUSTER_GAIN of their number; never with the divergence or an active near field."""
+    ("clustered"), or "auto" with may_cluster and at least CLUSTER_MIN_SOURCES sources grouped
+    into at most 1/CLUSTER_GAIN of their number; never with the divergence or an active near field."""
     if want_div or (near is not None and near.active) or method not in ("auto", "clustered"):
         return None
-    if method == "auto" and sources.shape[0] < CLUSTER_MIN_SOURCES:
+    if method == "auto" and (not may_cluster or sources.shape[0] < CLUSTER_MIN_SOURCES):
         return None
     scale = float(model.beta) * float(np.linalg.norm(model.B, 2))
     groups = clustered.group_sources(sources, masses, scale, tol)
