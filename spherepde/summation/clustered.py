@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import exp_fast
-from .kernels import project_velocity
+from .kernels import kernel_direction, project_velocity
 
 __all__ = ["SourceGroups", "group_sources", "clustered_softmax", "epsilon", "CLUSTER_GAIN", "MAX_NSIDE",
            "THIRD_COMPONENTS"]
@@ -157,9 +157,7 @@ def clustered_softmax(targets, BT, beta, centres, log_mass, second, third, V, ve
     G = centres.shape[0]
     for i in prange(targets.shape[0]):
         x0, x1, x2 = targets[i, 0], targets[i, 1], targets[i, 2]
-        a0 = beta * (BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2)
-        a1 = beta * (BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2)
-        a2 = beta * (BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2)
+        a0, a1, a2, _, _, _, _ = kernel_direction(BT, beta, x0, x1, x2)  # a = βBᵀx
         shift = -np.inf
         for g in range(G):
             e = a0 * centres[g, 0] + a1 * centres[g, 1] + a2 * centres[g, 2] + log_mass[g]
