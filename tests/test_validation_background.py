@@ -64,3 +64,29 @@ def test_saved_particle_field_interpolates_positions_in_time():
     v, div = field(y, 0.25)
     np.testing.assert_allclose(v, v_ref, rtol=0, atol=1e-14)
     np.testing.assert_allclose(div, div_ref, rtol=0, atol=1e-13)
+
+
+def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
+    """validation.background_scaling: the mesh density times s, the removed mass to the living
+    atoms in proportion to their masses; mesh + atoms mass unchanged, dead slots untouched."""
+    from validation.background_scaling import rescaled_state
+
+    mesh = HealpixMesh(4)
+    rng = np.random.default_rng(3)
+    f = rng.random(mesh.npix) + 0.1
+    masses = np.array([0.3, 0.0, 0.1])
+    positions = np.array([[1.0, 0, 0], [np.nan] * 3, [0, 0, 1.0]])
+    state = {"atom_position": positions, "atom_mass": masses, "atom_created": np.array([1.0, np.nan, 2.0]),
+             "created": 2, "merged": 0, "refused": 0}
+    record = {"step_safety": 1.0, "steps": 10, "steps_rejected": 0, "sup_div": 1.0, "integrated_sup_div": 2.0,
+              "max_sup_div": 1.0, "velocity_interval": 0.0, "velocity_interval_linear": 0.0,
+              "atoms_created": 2, "atoms_merged": 0, "atoms_refused": 0}
+    s = 1e-3
+    got = rescaled_state(7, f, record, state, mesh, s)
+    total = mesh.integrate(f) + masses.sum()
+    assert got.index == 7
+    np.testing.assert_allclose(got.density, s * f, rtol=0, atol=0)
+    assert abs(mesh.integrate(got.density) + got.atoms["atom_mass"].sum() - total) < 1e-14
+    new = got.atoms["atom_mass"]
+    assert new[1] == 0.0 and abs(new[0] / new[2] - 3.0) < 1e-13
+    assert masses[0] == 0.3  # the caller's state is not changed
