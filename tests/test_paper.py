@@ -197,12 +197,43 @@ def test_sweep_files_expand_to_the_issues_runs(tmp_path):
     for s in paper.expand_sweep(paper.PAPER_TOKENS_N, tmp_path):
         by_n.setdefault(s.config["particles"]["n"], set()).add(s.config["particles"]["seed"])
     assert sorted(by_n) == [500, 1000, 2000, 4000, 8000] and all(len(v) == 8 for v in by_n.values())
+    small = {k: v for k, v in paper.expand_sweep(paper.PAPER_TOKENS_N, tmp_path)[0].config.items()
+             if k not in ("particles", "output")}
+    by_n = {}
+    for s in paper.expand_sweep(paper.PAPER_TOKENS_N_LARGE, tmp_path):  # the same case, continued in n
+        assert {k: v for k, v in s.config.items() if k not in ("particles", "output")} == small
+        by_n.setdefault(s.config["particles"]["n"], set()).add(s.config["particles"]["seed"])
+    assert sorted(by_n) == [16000, 32000] and all(v == set(range(1, 9)) for v in by_n.values())
     ablation = paper.expand_sweep(paper.PAPER_ABLATION, tmp_path)
     m = _matrices()
     assert [s.params["model"] for s in ablation] == list(m)
     for s in ablation:  # the matrices run are the documented ones
         assert np.array_equal(s.config["model"]["V"], m[s.params["model"]]["V"])
         assert np.array_equal(s.config["model"]["B"], m[s.params["model"]]["B"])
+
+
+def test_large_n_tokens_run_only_with_slow_and_are_read_where_they_exist(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_sweep_into(path, out_dir, label, workers, say, info, run=True):
+        calls.append((Path(out_dir).name, run))
+        return [], None
+
+    monkeypatch.setattr(paper, "_sweep_into", fake_sweep_into)
+
+    def large_calls(**kw):
+        calls.clear()
+        info = []
+        paper._token_sweeps(tmp_path, False, {}, 2, lambda m: None, info, **kw)
+        return [c for c in calls if c[0] == "paper_tokens_n_large"], info
+
+    found, info = large_calls(run=True, slow=False)
+    assert found == [] and any("paper_tokens_n_large" in line and "not run" in line for line in info)
+    assert not (tmp_path / "paper_tokens_n_large").exists()  # nothing written for a sweep not run
+    assert large_calls(run=True, slow=True)[0] == [("paper_tokens_n_large", True)]
+    # its folder now exists: a full run without slow reads it and starts nothing
+    assert large_calls(run=True, slow=False)[0] == [("paper_tokens_n_large", False)]
+    assert large_calls(run=False, slow=True)[0] == [("paper_tokens_n_large", False)]
 
 
 def test_derived_sweep_without_changes_is_the_sweep(tmp_path):

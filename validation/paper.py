@@ -9,7 +9,8 @@ Sweeps (spherepde sweep files), the paper's matrices V = diag(−1, 1, −2), B 
 - solvers/sweeps/paper_tokens.toml: n = 2000 tokens alone for the same cases over 8 seeds (the
   ensembles: mean ± 95 % interval, validation.ensembles);
 - solvers/sweeps/paper_tokens_n.toml: the tokens' F-onset against n (500 … 8000, 8 seeds), for
-  one case whose mean field has an onset;
+  one case whose mean field has an onset; solvers/sweeps/paper_tokens_n_large.toml continues it to
+  n = 16 000 and 32 000 (~35 min on 2 cores): run with slow, otherwise read where its runs exist;
 - solvers/paper_ablation.toml: five (V, B) settings at β = 30 (data/ablation_matrices.md);
 - solvers/sweeps/beta_phase.toml: ~12 β from 3 to 3000 (nside 16, t ≤ 20), the (t, β) phase
   diagram.
@@ -64,6 +65,7 @@ ABLATION_MATRICES = REPO / "data" / "ablation_matrices.toml"
 PAPER_TOKENS = REPO / "solvers" / "sweeps" / "paper_tokens.toml"  # β = 10, 30 (dt 0.05)
 PAPER_TOKENS_SHARP = REPO / "solvers" / "sweeps" / "paper_tokens_sharp.toml"  # β = 1000, ∞ (dt 0.01)
 PAPER_TOKENS_N = REPO / "solvers" / "sweeps" / "paper_tokens_n.toml"
+PAPER_TOKENS_N_LARGE = REPO / "solvers" / "sweeps" / "paper_tokens_n_large.toml"  # n = 16 000, 32 000
 # the meshes of paper_beta: the resolution of the report and half of it (and, slow, twice it)
 FULL_NSIDES, SLOW_NSIDES, QUICK_NSIDES = (8, 16), (8, 16, 32), (4, 8)
 
@@ -969,7 +971,11 @@ def _disagreement(cases_by_nside, groups, n_groups, paper_rows, ablation_rows, q
         "between the clusters that the particles cannot carry (they all flow into the clusters), and at large β "
         "that background weighs on the clusters (validation/reports/atoms/background.md). But the Eulerian "
         "onset is not mesh-converged there either: for the projected normal at β = 30 it moves "
-        "14.14 → 14.04 → 13.04 at nside 16 / 32 / 64, towards the particles' 11.7 (docs/atoms.md).",
+        "14.14 → 14.04 → 13.04 at nside 16 / 32 / 64, towards the particles' 11.7 (docs/atoms.md). With the mesh "
+        "density scaled by 10⁻¹² at t = 4 (its mass given to the atoms) the Eulerian onsets at β = 30 become "
+        "11.57 (projected normal) and 7.46 (vMF), 0.9 % and 0.3 % from the particles at nside 32, with a "
+        "resolution error of 4 % / 3 % (nside 8 → 16; validation/reports/atoms/background_scaling.md): "
+        "the background is what separates the two columns at β = 30, not the atoms.",
         "- **Time stepping and β.** Tokens use RK4 with a fixed dt (full set: 0.05 at β = 10 and 30, where one "
         "sample's F-onset moves by 5e-6 and 9e-5 between dt 0.05 and 0.01; 0.01 at β = 1000 and ∞); the paper "
         "uses its normalised Euler step with an unpublished step. At β = 1000 the softmax is nearly discontinuous "
@@ -1150,10 +1156,11 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({model}){memory}"
 
 
-def _token_sweeps(runs, quick, base_over, workers, say, info, run):
+def _token_sweeps(runs, quick, base_over, workers, say, info, run, slow=False):
     """The token ensembles: paper_tokens and paper_tokens_sharp (every law and β, 8 seeds; the
-    step each β needs) and paper_tokens_n (one case, n = 500 … 8000). Returns (token cases, n
-    cases)."""
+    step each β needs) and paper_tokens_n (one case, n = 500 … 8000), continued to n = 16 000
+    and 32 000 by paper_tokens_n_large when slow (without slow its runs are read if its folder
+    exists, never started). Returns (token cases, n cases)."""
     tag = "quick" if quick else "full"
     token_over = dict(base_over, **QUICK_TOKENS) if quick else {}
     tokens = []
@@ -1167,6 +1174,14 @@ def _token_sweeps(runs, quick, base_over, workers, say, info, run):
     grid = {"particles.n": QUICK_N, "particles.seed": QUICK_SEEDS} if quick else None
     path = derive_sweep(PAPER_TOKENS_N, runs / f"paper_tokens_n_{tag}", token_over, grid)
     n_cases = _sweep_into(path, path.parent, "paper_tokens_n (tokens against n)", workers, say, info, run)[0]
+    if not quick:
+        large = runs / "paper_tokens_n_large"
+        label = "paper_tokens_n_large (tokens against n, n = 16 000 and 32 000)"
+        if slow or large.is_dir():
+            path = derive_sweep(PAPER_TOKENS_N_LARGE, large, token_over)
+            n_cases += _sweep_into(path, large, label, workers, say, info, run and slow)[0]
+        else:
+            info.append(f"- {label}: not run (`--slow` runs it, ~35 min on 2 cores)")
     return tokens, n_cases
 
 
@@ -1176,7 +1191,7 @@ def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers
 
     paper_beta (Eulerian with atoms and quadrature particles in lockstep) on each mesh of nsides
     (default 8 and 16, with slow also 32; quick 4 and 8), the ablation on the finest, the token
-    ensembles (paper_tokens, paper_tokens_n) and beta_phase.
+    ensembles (paper_tokens, paper_tokens_n, and with slow paper_tokens_n_large) and beta_phase.
     quick: CI-sized runs (QUICK_BASE, β ∈ QUICK_BETAS, 3 seeds, a few β of the phase diagram).
     sweep_out: where the run files go (default OUT/runs; complete run files there are reused).
     run=False: write the report from the run files that exist, without running anything.
@@ -1208,7 +1223,7 @@ def run_suite(out, quick=False, slow=False, nsides=None, sweep_out=None, workers
     path = derive_sweep(PAPER_ABLATION, runs / f"paper_ablation_{tag}_n{ablation_nside}", over)
     ablation_cases = _sweep_into(path, path.parent, f"paper_ablation at nside {ablation_nside}", workers, say, info,
                                  run)[0]
-    token_cases, n_cases = _token_sweeps(runs, quick, base_over, workers, say, info, run)
+    token_cases, n_cases = _token_sweeps(runs, quick, base_over, workers, say, info, run, slow)
     phase = None
     if BETA_PHASE.is_file():
         if quick:
