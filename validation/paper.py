@@ -973,8 +973,9 @@ def _disagreement(cases_by_nside, groups, n_groups, paper_rows, ablation_rows, q
         "onset is not mesh-converged there either: for the projected normal at β = 30 it moves "
         "14.14 → 14.04 → 13.04 at nside 16 / 32 / 64, towards the particles' 11.7 (docs/atoms.md). With the mesh "
         "density scaled by 10⁻¹² at t = 4 (its mass given to the atoms) the Eulerian onsets at β = 30 become "
-        "11.57 (projected normal) and 7.46 (vMF), 0.9 % and 0.3 % from the particles at nside 32, with a "
-        "resolution error of 4 % / 3 % (nside 8 → 16; validation/reports/atoms/background_scaling.md): "
+        "11.57 (projected normal) and 7.46 (vMF) at nside 16, 0.9 % and 0.3 % from the particles at nside 32; "
+        "for the projected normal 11.11 / 11.57 / 11.70 at nside 8 / 16 / 32 (order 1.8; 11.70 is 0.3 % from "
+        "the particles; validation/reports/atoms/background_scaling.md): "
         "the background is what separates the two columns at β = 30, not the atoms.",
         "- **Time stepping and β.** Tokens use RK4 with a fixed dt (full set: 0.05 at β = 10 and 30, where one "
         "sample's F-onset moves by 5e-6 and 9e-5 between dt 0.05 and 0.01; 0.01 at β = 1000 and ∞); the paper "
