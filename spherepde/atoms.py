@@ -28,10 +28,10 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   the heavier. A peak whose patch holds an atom's cell
   joins that atom (the mass the flow gathers next to an atom, in a cell that is not its own),
   at the atom's position like feeding.
-- Feeding (Atoms.feed): after each step, the net mesh mass the flow carried into the cells an
-  atom feeds from (the cell whose centroid is nearest to it; all of the tied ones at a
-  symmetric point), A (f_c^{n+1} − f_c^n) where positive and the cell compressive, joins the
-  atom, and those cells keep f_c^n. Mass is exact; the fed mass joins at the atom's position,
+- Feeding (Atoms.feed, off by default: `atom_feeding = false`): after each step, the net mesh
+  mass the flow carried into the cells an atom feeds from (the cell whose centroid is nearest
+  to it; all of the tied ones at a symmetric point), A (f_c^{n+1} − f_c^n) where positive and
+  the cell compressive, joins the atom, and those cells keep f_c^n. Mass is exact; the fed mass joins at the atom's position,
   which moves the first moment by Δ·(x_k − y_c), |x_k − y_c| ≲ h/√2: a cell average has no
   sub-cell position, and placing the fed mass at the centroid instead pulls atoms toward the
   centroids (measured: an atom at the unstable equilibrium e₁, a cell vertex, moved 6e-4 in
@@ -40,7 +40,14 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   the growth of those cells during the step, never what they held before, so every cell keeps
   at least the value it had, which is ≥ min f; creation leaves min(f_j, f_bg) ≥ min f likewise.
   So neither lowers min f_t, and the density lower bounds (ℓ₀ exp(−∫ sup div v), ½ℓ₀e^{−C₀t})
-  remain statements on f_t.
+  remain statements on f_t. Why it is off by default: it loses the sub-cell offset of a cluster
+  pair, which is what the F-phase grows from. Symmetric case of docs/atoms.md, ε = 10⁻⁴, β = 10,
+  nside 16: the atom at +e₁ is created at t = 2.5 with offset x₃ = +8.2e-5; with feeding it is
+  at −3.0e-5 by t = 3 (the fed cells stay at their old value while the 15 % of the mass still
+  falling in piles up around them), without feeding at +1.5e-4, growing at the rate 1 of the
+  linearisation. Departure times from E: 13.40 with feeding, 10.70 without, 10.70 for the
+  quadrature particles. Without feeding the inflow collects in the atom's cell until it is an
+  unresolved peak of at least min_mass, and then joins the atom by creation (above).
 - Motion: the atoms are carried points of the Runge–Kutta stepper (transport.stepping), moving
   with the attention field of the whole measure (cells and atoms as sources; the local field at
   β = ∞). They are point sources of every summation method (no quadrature, no near-field
@@ -208,7 +215,7 @@ class Atoms:
     """
 
     def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
-                 merge: float = 0.5, feeding: bool = True):
+                 merge: float = 0.5, feeding: bool = False):
         self.mesh = mesh
         self.feeding = bool(feeding)  # False: atoms grow by creation and merging only
         self.capacity = int(capacity)

@@ -34,7 +34,7 @@ A config has the sections
                    plus point masses for the clusters the mesh cannot resolve, spherepde.atoms)
                    with atom_width (creation threshold on the peak's width, cell sizes, (0, 3]),
                    atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
-                   max_atoms (slots, 1 … 4096), atom_feeding (true: mesh mass flowing into an
+                   max_atoms (slots, 1 … 4096), atom_feeding (default false; true: mesh mass flowing into an
                    atom's cell joins it; false: atoms grow by creation and merging only)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
@@ -78,7 +78,7 @@ DEFAULTS = {
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
-                 "atom_feeding": True},
+                 "atom_feeding": False},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -649,13 +649,34 @@ ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("mode
 ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
 
 
+ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding")
+EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
+
+
+def _idle_keys(section, a, b):
+    """[eulerian] keys of a solver part that runs in neither config and so cannot change the
+    run: everything but enabled and nside when both have enabled = false (token runs), the atom
+    keys when both have atoms = false. A changed default of such a key leaves old files valid."""
+    if section != "eulerian":
+        return set()
+    keys = set(a) | set(b)
+    if a.get("enabled") is False and b.get("enabled") is False:
+        return keys - set(EULERIAN_KEYS_WITHOUT_SOLVE)
+    if a.get("atoms") is False and b.get("atoms") is False:
+        return keys & set(ATOM_KEYS)
+    return set()
+
+
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
     """The first setting in which two resolved configs differ ("[section] key: a in the file,
-    b now"), or None when they agree outside the ignored sections."""
+    b now"), or None when they agree outside the ignored sections and the idle keys (_idle_keys)."""
     for section in sorted(set(stored) | set(given)):
         a, b = stored.get(section), given.get(section)
         if isinstance(a, dict) and isinstance(b, dict):  # keys added since the file was written
             a = {**{k: v for (sec, k), v in ADDED_KEYS.items() if sec == section and k not in a and k in b}, **a}
+            idle = _idle_keys(section, a, b)
+            a = {k: v for k, v in a.items() if k not in idle}
+            b = {k: v for k, v in b.items() if k not in idle}
         if section in ignore or a == b:
             continue
         if isinstance(a, dict) and isinstance(b, dict):

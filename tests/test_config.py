@@ -157,6 +157,26 @@ def test_config_difference_names_the_first_setting():
     assert difference(a, {**a, "particles": {"n": 5}}) == "[particles]: None in the file, {'n': 5} now"
 
 
+def test_config_difference_ignores_settings_of_a_solver_part_that_does_not_run():
+    """A token run (no Eulerian solve) does not depend on the atom settings, nor a density-only
+    run on the atom keys: a changed default of those leaves old files valid; any other change,
+    or the same change where the part runs, is still named."""
+    from spherepde.config import difference
+
+    eul = {"enabled": False, "nside": 16, "scheme": "muscl", "atoms": True, "atom_feeding": True}
+    a = {"eulerian": eul}
+    assert difference(a, {"eulerian": {**eul, "atom_feeding": False, "scheme": "upwind"}}) is None
+    assert difference(a, {"eulerian": {**eul, "nside": 32}}) == "[eulerian] nside: 16 in the file, 32 now"
+    running = {"eulerian": {**eul, "enabled": True}}
+    assert difference(running, {"eulerian": {**eul, "enabled": True, "atom_feeding": False}}) == \
+        "[eulerian] atom_feeding: True in the file, False now"
+    density_only = {"eulerian": {**eul, "enabled": True, "atoms": False}}
+    assert difference(density_only, {"eulerian": {**eul, "enabled": True, "atoms": False,
+                                                  "atom_feeding": False}}) is None
+    assert difference(density_only, {"eulerian": {**eul, "enabled": True, "atoms": True}}) == \
+        "[eulerian] atoms: False in the file, True now"
+
+
 def test_example_configs_resolve():
     from pathlib import Path
 
