@@ -106,3 +106,19 @@ def test_report_from_tiny_runs(tmp_path):
         assert heading in text
     assert "| projected_normal | 10 | F-onset |" in text and "| vmf | 30 |" in text
     assert (report.parent / "atoms.png").is_file()
+
+
+def test_onset_target_compares_nside_32_with_the_particles_on_the_finest_mesh():
+    """The issue's 2 % target: the Eulerian onset at nside 32 against the particles' onset on the
+    finest mesh of the same case (the gap is computed from the given numbers, so it can fail)."""
+    from types import SimpleNamespace
+
+    def case(nside, eul, part):
+        return SimpleNamespace(law="vmf", beta=10.0, nside=nside,
+                               metrics={"eulerian": {"onset": eul}, "particles": {"onset": part}})
+
+    cases = [case(16, 6.0, 6.5), case(32, 6.181, 6.151), case(64, 6.233, 6.109)]
+    row = atoms.onset_target_table(cases)[2]
+    assert "6.181" in row and "6.109 (64)" in row and "+1.18 %" in row and row.endswith("| yes |")
+    far = atoms.onset_target_table([case(32, 7.0, 6.0)])[2]
+    assert "+16.67 %" in far and far.endswith("| no |")

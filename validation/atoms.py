@@ -269,7 +269,7 @@ def onset_target_table(cases, nside=32, target=0.02):
             continue
         finest = max(runs)
         e = runs[nside].metrics["eulerian"]["onset"]
-        p = runs[finest].metrics["tokens"]["onset"]
+        p = runs[finest].metrics["particles"]["onset"]
         gap = (e - p) / p
         ok = "yes" if np.isfinite(gap) and abs(gap) <= target else "no"
         lines.append(f"| {law} | {_beta_text(beta)} | {_f(e, 3)} | {_f(p, 3)} ({finest}) | {100 * gap:+.2f} % | {ok} |")
