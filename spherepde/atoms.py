@@ -31,8 +31,9 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
 - Feeding (Atoms.feed, off by default: `atom_feeding = false`): after each step, the net mesh
   mass the flow carried into the cells an atom feeds from (the cell whose centroid is nearest
   to it; all of the tied ones at a symmetric point), A (f_c^{n+1} − f_c^n) where positive and
-  the cell compressive, joins the atom, and those cells keep f_c^n. Mass is exact; the fed mass joins at the atom's position,
-  which moves the first moment by Δ·(x_k − y_c), |x_k − y_c| ≲ h/√2: a cell average has no
+  the cell compressive, joins the atom, and those cells keep f_c^n. Mass is exact; the fed mass
+  joins at the atom's position, which moves the first moment by Δ·(x_k − y_c),
+  |x_k − y_c| ≲ h/√2: a cell average has no
   sub-cell position, and placing the fed mass at the centroid instead pulls atoms toward the
   centroids (measured: an atom at the unstable equilibrium e₁, a cell vertex, moved 6e-4 in
   t = 0.5 at nside 8, β = 10, where the symmetric rule keeps it to round-off — such a

@@ -34,8 +34,8 @@ A config has the sections
                    plus point masses for the clusters the mesh cannot resolve, spherepde.atoms)
                    with atom_width (creation threshold on the peak's width, cell sizes, (0, 3]),
                    atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
-                   max_atoms (slots, 1 … 4096), atom_feeding (default false; true: mesh mass flowing into an
-                   atom's cell joins it; false: atoms grow by creation and merging only)
+                   max_atoms (slots, 1 … 4096), atom_feeding (default false: atoms grow by
+                   creation and merging only; true: mesh mass flowing into an atom's cell joins it)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]

@@ -517,6 +517,13 @@ def cost_lines(nside=16, t_end=12.0, split=6.0, say=print):
     import tempfile
 
     base = C.load(REPO / "solvers" / "atoms_base.toml")
+
+    def config(atoms, t_stop, *extra):
+        over = [f"eulerian.nside={nside}", f"time.t_end={t_stop}", f"eulerian.atoms={str(atoms).lower()}", *extra]
+        cfg = C.resolve(C.apply_overrides(base, over))
+        cfg["particles"] = None
+        return cfg
+
     for name, original in originals.items():
         setattr(EulerianSolver, name, counter(original))
     SSPStepper.step = timed_step
@@ -524,15 +531,10 @@ def cost_lines(nside=16, t_end=12.0, split=6.0, say=print):
         with tempfile.TemporaryDirectory() as tmp:
             # a short run of each first, so that neither timed run pays numba's loading and compiling
             for atoms in (False, True):
-                over = [f"eulerian.nside={nside}", "time.t_end=0.2", "time.save_every=0.1",
-                        f"eulerian.atoms={str(atoms).lower()}"]
-                cfg = C.resolve(C.apply_overrides(base, over))
-                cfg["particles"] = None
-                execute(cfg, str(Path(tmp) / f"warm_{atoms}.nc"), progress=False, log=None)
+                execute(config(atoms, 0.2, "time.save_every=0.1"), str(Path(tmp) / f"warm_{atoms}.nc"),
+                        progress=False, log=None)
             for atoms in (False, True):
-                over = [f"eulerian.nside={nside}", f"time.t_end={t_end}", f"eulerian.atoms={str(atoms).lower()}"]
-                cfg = C.resolve(C.apply_overrides(base, over))
-                cfg["particles"] = None
+                cfg = config(atoms, t_end)
                 counts.clear()
                 step_times.clear()
                 t0 = time.perf_counter()
