@@ -75,13 +75,55 @@ def test_exact_zero_temperature_measure_is_the_push_forward():
     from spherepde.initial import Uniform
 
     model = AttentionModel(PAPER_B, PAPER_V, math.inf)
-    x, w = atoms.exact_zero_temperature(model, Uniform(), 0.0, nside=8)
+    x, w = atoms.exact_zero_temperature(model, Uniform(), 0.0, n_s=20, n_phi=16)
     np.testing.assert_allclose(w.sum(), 1.0, rtol=1e-12)
-    y, _ = atoms.exact_zero_temperature(model, Uniform(), 3.0, nside=8)
+    y, _ = atoms.exact_zero_temperature(model, Uniform(), 3.0, n_s=20, n_phi=16)
     # x ↦ e^{tM}x/|·| with M = diag(1, −1, −2): x₂/x₁ scales by e^{−2t}, x₃/x₁ by e^{−3t}
     keep = np.abs(x[:, 0]) > 0.1
     np.testing.assert_allclose(y[keep, 1] / y[keep, 0], np.exp(-6.0) * x[keep, 1] / x[keep, 0], rtol=1e-10)
     np.testing.assert_allclose(y[keep, 2] / y[keep, 0], np.exp(-9.0) * x[keep, 2] / x[keep, 0], rtol=1e-10)
+
+
+def test_graded_quadrature_integrates_the_area_measure():
+    axis = np.array([1.0, 2.0, 2.0]) / 3.0
+    x, w = atoms.graded_quadrature(axis, n_s=200, n_phi=32)
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-14)
+    np.testing.assert_allclose(w.sum(), 4 * math.pi, rtol=1e-13)
+    # ∫ (x·u)² dA = 4π/3 for any unit u; ∫ x₁⁴ dA = 4π/5
+    for u in (axis, np.array([0.0, 0.6, 0.8])):
+        np.testing.assert_allclose(w @ (x @ u) ** 2, 4 * math.pi / 3, rtol=1e-10)
+    np.testing.assert_allclose(w @ x[:, 0] ** 4, 4 * math.pi / 5, rtol=1e-6)  # degree 4 in s: not exact
+    # the band |x·u| < δ around the circle x·u = 0 is resolved: its area is 2π·2δ
+    s = x @ axis
+    np.testing.assert_allclose(w[np.abs(s) < 1e-9].sum(), 4 * math.pi * 1e-9, rtol=0.2)
+
+
+def test_exact_zero_temperature_carries_the_far_mass_of_the_repelling_band():
+    """At β = ∞, t = 8 the mean squared chord to the nearest of ±e₁, E 2(1 − |y₁|), comes from the
+    band |x₁| ≲ e^{−2t} around the repelling circle; the graded reference gets it to 1e-3, checked
+    against adaptive quadrature in (s, φ) (dA = ds dφ) with its breakpoints on that scale."""
+    from scipy.integrate import quad
+
+    from spherepde.initial import Uniform
+
+    t = 8.0
+    model = AttentionModel(PAPER_B, PAPER_V, math.inf)
+    y, w = atoms.exact_zero_temperature(model, Uniform(), t)
+    graded = float(w @ (2.0 * (1.0 - np.abs(y[:, 0]))))
+
+    def inner(s):
+        r = math.sqrt(1.0 - s * s)
+
+        def chord(phi):
+            a, b, c = math.exp(t) * s, math.exp(-t) * r * math.cos(phi), math.exp(-2 * t) * r * math.sin(phi)
+            return 2.0 * (1.0 - abs(a) / math.sqrt(a * a + b * b + c * c))
+
+        return quad(chord, 0.0, 2 * math.pi, limit=200)[0]
+
+    breaks = [0.0] + list(np.geomspace(1e-12, 1.0, 60))
+    exact = 2 * sum(quad(inner, lo, hi, limit=200)[0] for lo, hi in zip(breaks[:-1], breaks[1:])) / (4 * math.pi)
+    assert exact > 1e-7  # the far mass is there: W₂ to the two atoms ≈ √exact ≈ 4e-4
+    assert graded == pytest.approx(exact, rel=1e-3)
 
 
 def test_sweep_files_expand():
