@@ -21,6 +21,11 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
   wider than the patch (a paraboloid above its floor), so `width` ≈ 1.3 makes the atom when the
   peak stops being resolved, before it becomes a one-cell spike (DESIGN.md §7).
+  Optional (`stalled_width` > 0, off by default): a peak of width up to `stalled_width` whose
+  maximum stopped following the compression, (log f_c^{n+1} − log f_c^n)/dt < ½(−div v_c),
+  is unresolved as well (stalled_peaks): the scheme holds a collapsing cluster at the width
+  where its numerical diffusion balances the contraction (σ ≈ 1.3–1.6 h, measured), which a
+  fixed `width` near that value catches on some meshes and not on others.
   All peaks of a step are taken from the same f: a cell in several patches gives its excess
   to the candidate whose centre is nearest (shared among those tied to round-off) and keeps
   min(f, lowest floor of its owners), so the mirror-image peaks of a symmetric state are
@@ -68,7 +73,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["Atoms", "unresolved_peaks", "PATCH_SIZE", "ATOM_META", "ATOM_ARRAYS"]
+__all__ = ["Atoms", "unresolved_peaks", "stalled_peaks", "PATCH_SIZE", "ATOM_META", "ATOM_ARRAYS"]
 
 PATCH_SIZE = 64  # the two rings around a group of ≤ 4 tied maxima: at most 6 × 6 cells (7 × 7 for 9)
 TIE = 1e-12  # relative: values this close count as equal (a symmetric state is symmetric to round-off)
@@ -200,6 +205,23 @@ def unresolved_peaks(f, neighbours, centroids, divergence, area, peak_width, pea
         peak_floor[c] = floor
 
 
+def stalled_peaks(f, f_old, divergence, dt, cells, ratio=0.5):
+    """Which of the peak cells no longer follow the compression of the flow (boolean, per cell).
+
+    Along a characteristic d/dt log f = −div v (Liouville), and at the maximum of a smooth peak
+    ∂f/∂t = −f div v exactly (∇f = 0 there), so a resolved peak's maximum grows at the rate
+    −div v. A cluster narrower than the scheme can hold sits at the width where numerical
+    diffusion balances the contraction, and its maximum stops growing (measured: the vMF cluster
+    of the paper's matrices at β = 10, nside 64, held σ ≈ 1.5–1.6 h from t = 3 to 8 while the flow
+    contracts it at rate ≈ 2). Stalled: (log f_c − log f_old_c)/dt < ratio · (−div_c)."""
+    cells = np.asarray(cells, dtype=np.int64)
+    old = f_old[cells]
+    growth = np.full(cells.size, np.inf)
+    ok = (old > 0.0) & (f[cells] > 0.0)
+    growth[ok] = np.log(f[cells][ok] / old[ok]) / dt
+    return growth < ratio * (-divergence[cells])
+
+
 def _unit(v):
     return v / np.linalg.norm(v)
 
@@ -216,11 +238,12 @@ class Atoms:
     """
 
     def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
-                 merge: float = 0.5, feeding: bool = False):
+                 merge: float = 0.5, feeding: bool = False, stalled_width: float = 0.0):
         self.mesh = mesh
         self.feeding = bool(feeding)  # False: atoms grow by creation and merging only
         self.capacity = int(capacity)
         self.width = float(width)
+        self.stalled_width = float(stalled_width)  # 0: off (stalled_peaks)
         self.min_mass = float(min_mass)
         self.merge_distance = float(merge) * math.sqrt(mesh.area)
         self.positions = np.full((self.capacity, 3), np.nan)
@@ -290,13 +313,19 @@ class Atoms:
         self.masses[k] = m + mass
 
     # ------------------------------------------------------------------ rules
-    def find_peaks(self, f, divergence):
+    def find_peaks(self, f, divergence, f_old=None, dt=None):
         """Run unresolved_peaks on f; returns the candidate cells (unresolved, heavy enough),
-        heaviest first. The per-cell results stay in the work arrays."""
+        heaviest first: width σ ≤ `width`, or σ ≤ `stalled_width` and stalled (stalled_peaks;
+        needs the step's f_old and dt). The per-cell results stay in the work arrays."""
         mesh = self.mesh
         unresolved_peaks(f, self._neighbours, mesh.centroids, divergence, float(mesh.area), self._width,
                          self._mass, self._centre, self._floor, self._patch)
-        cand = np.flatnonzero((self._width <= self.width) & (self._mass >= self.min_mass))
+        heavy = self._mass >= self.min_mass
+        unresolved = self._width <= self.width
+        if self.stalled_width > 0.0 and f_old is not None and dt is not None and dt > 0.0:
+            near = np.flatnonzero(heavy & ~unresolved & (self._width <= self.stalled_width))
+            unresolved[near[stalled_peaks(f, f_old, divergence, dt, near)]] = True
+        cand = np.flatnonzero(unresolved & heavy)
         return cand[np.argsort(-self._mass[cand], kind="stable")]
 
     def _anchors(self, f, cand):
@@ -354,14 +383,14 @@ class Atoms:
                 moment[i] += shares[j] * excess[j] * self.mesh.centroids[cells[j]]
         return cells, new, mass, moment, exclusive
 
-    def create(self, t, f, divergence) -> int:
+    def create(self, t, f, divergence, f_old=None, dt=None) -> int:
         """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
         their patch), in place on f. All peaks are taken from the same f: a cell in several
         patches keeps min(f, lowest floor of its owners) and its excess goes to the nearest
         candidate(s) (_ownership); a candidate left with less than min_mass of its own (a plateau
         on the flank of a peak, whose patch reaches into the peak's) is dropped. Returns the
         number of peaks moved to atoms, new or not (self.created_count counts the new ones)."""
-        cand = self.find_peaks(f, divergence)
+        cand = self.find_peaks(f, divergence, f_old, dt)
         while cand.size:
             split = self._split(f, cand)
             heavy = split[2] >= self.min_mass

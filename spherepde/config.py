@@ -35,7 +35,9 @@ A config has the sections
                    with atom_width (creation threshold on the peak's width, cell sizes, (0, 3]),
                    atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
                    max_atoms (slots, 1 … 4096), atom_feeding (default false: atoms grow by
-                   creation and merging only; true: mesh mass flowing into an atom's cell joins it)
+                   creation and merging only; true: mesh mass flowing into an atom's cell joins it),
+                   atom_stalled_width (0: off; else in [atom_width, 3]: a peak up to this width
+                   whose maximum grows at less than half the flow's compression also becomes an atom)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -78,7 +80,7 @@ DEFAULTS = {
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
-                 "atom_feeding": False},
+                 "atom_feeding": False, "atom_stalled_width": 0.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -465,6 +467,11 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
                           f"got {eul['atom_min_mass']:g}")
     eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
+    eul["atom_stalled_width"] = _number("eulerian", "atom_stalled_width", eul["atom_stalled_width"], low=0.0,
+                                        high=3.0)
+    if 0.0 < eul["atom_stalled_width"] < eul["atom_width"]:
+        raise ConfigError(f"[eulerian] atom_stalled_width: must be 0 (off) or ≥ atom_width = {eul['atom_width']:g}, "
+                          f"got {eul['atom_stalled_width']:g}")
     if not isinstance(eul["atom_feeding"], bool):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
     cap = eul["max_atoms"]
@@ -647,9 +654,10 @@ ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("mode
               ("model", "noise_schedule"): "constant", ("model", "noise_time"): None,
               ("model", "noise_breakpoints"): None}
 ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
+ADDED_KEYS[("eulerian", "atom_stalled_width")] = 0.0  # the stalled-peak rule came later, off
 
 
-ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding")
+ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

@@ -375,16 +375,16 @@ class EulerianSolver:
         mass = self.mesh.integrate(f)
         return mass if self.atoms is None else mass + self.atoms.total_mass
 
-    def _atom_step(self, t, f_old, f_new) -> bool:
-        """After an accepted step: the atoms take the stepper's positions, then feeding, creation
-        and merging on f_new (in place). True when a peak moved to an atom or atoms merged (the
-        source measure changed by more than a feed)."""
+    def _atom_step(self, t, f_old, f_new, dt) -> bool:
+        """After an accepted step of size dt: the atoms take the stepper's positions, then feeding,
+        creation and merging on f_new (in place). True when a peak moved to an atom or atoms
+        merged (the source measure changed by more than a feed)."""
         atoms = self.atoms
         if atoms.count:
             atoms.set_points(self.stepper.points)
         divergence = self.operator.divergence  # of the last stage's edge fluxes
         atoms.feed(f_old, f_new, divergence)
-        changed = atoms.create(t, f_new, divergence) > 0
+        changed = atoms.create(t, f_new, divergence, f_old, dt) > 0
         changed = atoms.merge() > 0 or changed
         self._sync_points()
         return changed
@@ -443,7 +443,8 @@ class EulerianSolver:
         products_before = 0 if self.diffusion is None else self.diffusion.products - start.heat_products
         self.stepper.safety = start.safety  # the step-size controller has state
         state = {"t": times[start.index], "sup_div": start.sup_div, "integral": start.integral,
-                 "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index]}
+                 "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index],
+                 "t_atoms": times[start.index]}
         self.last_run = state
         lag = self._lag
         self._forget_routes()
@@ -459,8 +460,8 @@ class EulerianSolver:
                                 self.courant_limit)
             changed = False
             if atoms is not None:
-                changed = self._atom_step(t, state["f"], fnew)
-                state["f"] = fnew
+                changed = self._atom_step(t, state["f"], fnew, t - state["t_atoms"])
+                state["f"], state["t_atoms"] = fnew, t
             # the next step starts at t: a new model there is a switch (treated like a save time)
             switching = self.schedule.key_at(t) != self._key
             if lag is not None:

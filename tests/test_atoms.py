@@ -12,7 +12,7 @@ from scipy.integrate import solve_ivp
 
 import numpy_reference as ref
 from spherepde import AttentionModel, EulerianSolver
-from spherepde.atoms import PATCH_SIZE, Atoms, unresolved_peaks
+from spherepde.atoms import PATCH_SIZE, Atoms, stalled_peaks, unresolved_peaks
 from spherepde.eulerian import SolverState
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
@@ -143,6 +143,38 @@ def test_no_atom_from_a_resolved_or_expanding_or_light_peak(mesh_factory):
     assert Atoms(mesh).create(0.0, wide.copy(), -np.ones(mesh.npix)) == 0
     assert Atoms(mesh).create(0.0, narrow.copy(), np.ones(mesh.npix)) == 0  # div v > 0
     assert Atoms(mesh, min_mass=1e-4).create(0.0, light.copy(), -np.ones(mesh.npix)) == 0
+
+
+@pytest.mark.parametrize("growth, stalled_width, sd_cells, made", [
+    (0.0, 1.7, 1.15, 1),   # the maximum stopped growing: the scheme holds the peak, it is unresolved
+    (1.0, 1.7, 1.15, 0),   # the maximum grows at the compression rate (Liouville): resolved
+    (0.3, 1.7, 1.15, 1),   # below half the rate
+    (0.0, 0.0, 1.15, 0),   # rule off
+    (0.0, 1.7, 3.0, 0),    # wider than stalled_width: never
+])
+def test_a_stalled_peak_becomes_an_atom(mesh_factory, growth, stalled_width, sd_cells, made):
+    """σ ≈ 1.5 h lies between atom_width (1.3) and stalled_width (1.7): the peak becomes an atom
+    only when its maximum grows at less than half the compression rate −div v over the step."""
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    f = gaussian_peak(mesh, [0.3, 0.9, 0.2], sd_cells * h)
+    div, dt = -2.0 * np.ones(mesh.npix), 0.01
+    f_old = f * np.exp(-growth * 2.0 * dt)  # log f grew by growth·(−div)·dt over the step
+    atoms = Atoms(mesh, stalled_width=stalled_width)
+    atoms.find_peaks(f, div)
+    width = atoms._width[np.argmax(f)]
+    assert (1.3 < width < 1.7) if sd_cells < 2 else width > 1.7
+    assert atoms.create(0.0, f.copy(), div, f_old, dt) == made
+    assert Atoms(mesh, stalled_width=stalled_width).create(0.0, f.copy(), div) == 0  # no step known
+
+
+def test_stalled_peaks_is_the_liouville_ratio():
+    f_old = np.array([1.0, 1.0, 1.0, 0.0, 2.0])
+    f = np.array([1.0, math.exp(0.02), math.exp(0.0099), 1.0, 1.0])
+    div = np.array([-2.0, -2.0, -2.0, -2.0, -1.0])
+    # rates over dt = 0.01: 0, 2, 0.99, from zero (not stalled), −69; half of −div: 1, 1, 1, 1, 0.5
+    np.testing.assert_array_equal(stalled_peaks(f, f_old, div, 0.01, np.arange(5)),
+                                  [True, False, True, False, True])
 
 
 def test_a_peak_beside_an_atom_feeds_it(mesh_factory):
@@ -360,6 +392,7 @@ nside = 8
 atoms = true
 max_atoms = 8
 velocity_tolerance = {lag}
+atom_stalled_width = {stalled}
 
 [time]
 t_end = 4.0
@@ -367,17 +400,18 @@ save_every = 0.5
 """
 
 
-@pytest.mark.parametrize("lag", [0.0, 1e-3])
-def test_resume_with_atoms_equals_the_uninterrupted_run(tmp_path, lag):
+@pytest.mark.parametrize("lag, stalled", [(0.0, 0.0), (1e-3, 0.0), (0.0, 1.7)])
+def test_resume_with_atoms_equals_the_uninterrupted_run(tmp_path, lag, stalled):
     """Interrupted after 6 snapshots (t ≤ 2.5, atoms alive), --resume restores the atoms from
-    the file and ends equal to the uninterrupted run; the file's atom arrays index over time."""
+    the file and ends equal to the uninterrupted run; the file's atom arrays index over time.
+    With the stalled-peak rule the first step after the resume needs the step's f_old and dt."""
     from run_helpers import ROUND_OFF, run_difference
     from spherepde import open_run
     from spherepde.cli import main
     from test_reliability import interrupt_after
 
     cfg = tmp_path / "atoms.toml"
-    cfg.write_text(ATOM_RUN.format(lag=lag))
+    cfg.write_text(ATOM_RUN.format(lag=lag, stalled=stalled))
     ref, out = tmp_path / "ref.nc", tmp_path / "out.nc"
     assert main(["run", str(cfg), "-o", str(ref)]) == 0
     interrupt_after(cfg, out, 6)
