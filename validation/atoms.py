@@ -696,7 +696,7 @@ def write_report(out, conv, zero, sym, cost, info, quick, say=print):
         lines += sym_lines + [""]
     if cost:
         lines += ["## Cost", "", "The projected-normal run of atoms_base (β = 10) without particles, with and "
-                  "without atoms, one after the other in one process:", ""] + cost + [""]
+                  "without atoms, alternating three times in one process after a warm-up:", ""] + cost + [""]
     path = out / "atoms.md"
     path.write_text("\n".join(lines) + "\n")
     return path
