@@ -443,8 +443,7 @@ class EulerianSolver:
         products_before = 0 if self.diffusion is None else self.diffusion.products - start.heat_products
         self.stepper.safety = start.safety  # the step-size controller has state
         state = {"t": times[start.index], "sup_div": start.sup_div, "integral": start.integral,
-                 "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index],
-                 "t_atoms": times[start.index]}
+                 "max_sup_div": max(start.max_sup_div, start.sup_div), "t_step": times[start.index]}
         self.last_run = state
         lag = self._lag
         self._forget_routes()
@@ -458,15 +457,15 @@ class EulerianSolver:
         def after_step(t, fnew):
             self.guards.courant(t, fnew, self.stepper.last_courant, self.stepper.last_courant_cell,
                                 self.courant_limit)
+            dt, state["t_step"] = t - state["t_step"], t  # the step just taken
             changed = False
             if atoms is not None:
-                changed = self._atom_step(t, state["f"], fnew, t - state["t_atoms"])
-                state["f"], state["t_atoms"] = fnew, t
+                changed = self._atom_step(t, state["f"], fnew, dt)
+                state["f"] = fnew
             # the next step starts at t: a new model there is a switch (treated like a save time)
             switching = self.schedule.key_at(t) != self._key
             if lag is not None:
                 self.guards.density(t, fnew, self.total_mass(fnew), mass0)
-                dt, state["t_step"] = t - state["t_step"], t
                 boundary = t == state["t_save"] or switching
                 if not boundary and not lag.due(t, dt) and not changed:
                     return

@@ -36,7 +36,7 @@ import numpy as np
 
 from .convergence import (METRICS, by_law_and_beta as _by, convergence_cells as _convergence_rows,
                           number_text as _f, order_text as _order_text)
-from .paper import (REPO, _beta_text, cell_quadrature_measure, collect, derive_sweep, f_phase_onset,
+from .paper import (REPO, _beta_text, collect, derive_sweep, f_phase_onset,
                     run_sweep_files, zero_temperature_push)
 
 __all__ = ["w2_coarsened", "coarsen", "departure_time", "two_atom_rate", "run_suite",
