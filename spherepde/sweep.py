@@ -44,7 +44,7 @@ from typing import NamedTuple
 from .config import DEFAULTS, ConfigError, difference, load, resolve
 
 __all__ = ["RunSpec", "SweepError", "SweepFailure", "expand", "plan", "run_sweep", "run_one", "combine", "combined_is_current",
-           "derived_seed", "MAX_RUNS"]
+           "derived_seed", "local_cluster", "MAX_RUNS"]
 
 MAX_RUNS = 10_000  # run ids carry four digits
 SWEEP_KEYS = ("name", "base", "seed", "grid")
@@ -454,6 +454,20 @@ def _local_cluster(workers, threads):
                 yield client
         finally:
             cluster.close()
+
+
+@contextlib.contextmanager
+def local_cluster(workers=2, threads_per_run=1):
+    """One LocalCluster of `workers` processes for several run_sweep calls: yields its scheduler
+    address, to pass as run_sweep(..., scheduler=address). Starting a cluster (spawning the
+    workers, importing spherepde and loading its kernels) takes seconds; a script that runs many
+    small sweeps pays it once. Call it under `if __name__ == "__main__":`, like run_sweep."""
+    _refuse_in_worker()
+    for name, value in (("workers", workers), ("threads_per_run", threads_per_run)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SweepError(f"{name}: must be a positive integer, got {value!r}")
+    with _local_cluster(workers, threads_per_run) as client:
+        yield client.scheduler.address
 
 
 def _describe(spec):

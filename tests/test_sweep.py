@@ -16,7 +16,7 @@ from run_helpers import ROUND_OFF, relative_difference
 from spherepde.cli import main
 from spherepde.io import open_run
 from spherepde.run import execute
-from spherepde.sweep import SweepError, derived_seed, expand, plan, run_sweep
+from spherepde.sweep import SweepError, derived_seed, expand, local_cluster, plan, run_sweep
 
 SOLVERS = Path(__file__).parents[1] / "solvers"
 
@@ -185,6 +185,13 @@ def test_refused_in_a_child_process(tmp_path, monkeypatch):
     with pytest.raises(SweepError, match="__name__"):
         run_sweep(write(tmp_path, TINY), out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("setting", ["workers", "threads_per_run"])
+def test_shared_cluster_refuses_bad_sizes_before_starting(setting):
+    with pytest.raises(SweepError, match=setting):
+        with local_cluster(**{setting: 0}):
+            pass
 
 
 # ------------------------------------------------------------------ on a LocalCluster

@@ -27,12 +27,15 @@ Complete run files in the output folders are reused (same config: nothing is rec
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import time
 from pathlib import Path
 
 import numpy as np
+
+from spherepde.sweep import local_cluster
 
 from .convergence import (METRICS, by_law_and_beta as _by, convergence_cells as _convergence_rows,
                           number_text as _f, order_text as _order_text)
@@ -262,11 +265,12 @@ def _sweeps(runs, nsides, quick, t_end=None):
 def run_sweeps(runs, nsides=NSIDES, quick=False, workers=2, say=print):
     """Run (or reuse) every sweep of the suite; returns {label: (specs, failures)}."""
     done = {}
-    for label, path in _sweeps(Path(runs), tuple(nsides), quick):
-        t0 = time.perf_counter()
-        specs, _, failures = run_sweep_files(path, path.parent, workers=workers, say=say)
-        say(f"  {label}: {len(specs)} runs, {len(failures)} failed ({time.perf_counter() - t0:.0f} s)")
-        done[label] = (path, specs, failures)
+    with local_cluster(workers) as address:
+        for label, path in _sweeps(Path(runs), tuple(nsides), quick):
+            t0 = time.perf_counter()
+            specs, _, failures = run_sweep_files(path, path.parent, workers=workers, say=say, scheduler=address)
+            say(f"  {label}: {len(specs)} runs, {len(failures)} failed ({time.perf_counter() - t0:.0f} s)")
+            done[label] = (path, specs, failures)
     return done
 
 
@@ -707,6 +711,27 @@ def write_report(out, conv, zero, sym, cost, info, quick, say=print):
     return path
 
 
+def _sweep_cases(label, path, run, workers, address, say, info, conv, zero, sym):
+    """Run one sweep of the suite (run=False: read its run files) on the cluster at address,
+    note it in info and add its complete cases to conv, zero or sym by label."""
+    start = time.perf_counter()
+    if run:
+        specs, _, failures = run_sweep_files(path, path.parent, workers=workers, say=say, scheduler=address)
+    else:
+        from .paper import expand_sweep
+
+        specs, failures = expand_sweep(path, path.parent), []
+    cases = collect(specs, path.parent)
+    done = [c for c in cases if c.complete]
+    walls = ", ".join(f"{c.law} β={_beta_text(c.beta)}: {c.wall:.0f} s" for c in cases)
+    failed = f"; failed: {', '.join(f'{r} ({why})' for r, why in failures)}" if failures else ""
+    info.append(f"- {label}: {len(done)} of {len(specs)} runs complete (wall per run, 2 shared cores: {walls})"
+                f"{failed}")
+    say(f"  {label}: {len(done)} runs ({time.perf_counter() - start:.0f} s)")
+    target = conv if label.startswith("atoms_convergence") else zero if "zero" in label else sym
+    target += done
+
+
 def run_suite(out, quick=False, slow=False, nsides=None, runs=None, workers=2, progress=True, run=True,
               cost=True, t_end=None):
     """Run (or reuse) the suite's sweeps and write OUT/atoms.md. nsides: the meshes of the
@@ -723,23 +748,11 @@ def run_suite(out, quick=False, slow=False, nsides=None, runs=None, workers=2, p
     conv, zero, sym = [], [], []
     info = [f"- meshes of the convergence sweep: nside {', '.join(map(str, nsides))} (nside 64: β = 10 only); "
             f"run files under `{runs}` (not part of the report)"]
-    for label, path in _sweeps(runs, nsides, quick, t_end):
-        start = time.perf_counter()
-        if run:
-            specs, _, failures = run_sweep_files(path, path.parent, workers=workers, say=say)
-        else:
-            from .paper import expand_sweep
-
-            specs, failures = expand_sweep(path, path.parent), []
-        cases = collect(specs, path.parent)
-        done = [c for c in cases if c.complete]
-        walls = ", ".join(f"{c.law} β={_beta_text(c.beta)}: {c.wall:.0f} s" for c in cases)
-        failed = f"; failed: {', '.join(f'{r} ({why})' for r, why in failures)}" if failures else ""
-        info.append(f"- {label}: {len(done)} of {len(specs)} runs complete (wall per run, 2 shared cores: {walls})"
-                    f"{failed}")
-        say(f"  {label}: {len(done)} runs ({time.perf_counter() - start:.0f} s)")
-        target = conv if label.startswith("atoms_convergence") else zero if "zero" in label else sym
-        target += done
+    # one cluster for every sweep (each of the quick suite's runs takes a second or two)
+    with contextlib.ExitStack() as stack:
+        address = stack.enter_context(local_cluster(workers)) if run else None
+        for label, path in _sweeps(runs, nsides, quick, t_end):
+            _sweep_cases(label, path, run, workers, address, say, info, conv, zero, sym)
     cost_table = None
     if cost:
         cost_table, _ = cost_lines(nside=8 if quick else 16, t_end=4.0 if quick else 12.0, say=say)

@@ -287,16 +287,17 @@ def _run_file(out_dir, spec):
     return Path(out_dir) / f"{spec.run_id}.nc"
 
 
-def run_sweep_files(path, out_dir, workers=2, say=print):
+def run_sweep_files(path, out_dir, workers=2, say=print, scheduler=None):
     """Run a sweep file into out_dir with spherepde.sweep.run_sweep (complete run files with the
-    same config are skipped, interrupted ones continued). Returns (specs, combined dataset path
-    or None, failures [(run id, reason)])."""
+    same config are skipped, interrupted ones continued), on a LocalCluster of `workers` or on the
+    running scheduler at `scheduler` (spherepde.sweep.local_cluster). Returns (specs, combined
+    dataset path or None, failures [(run id, reason)])."""
     from spherepde.sweep import SweepFailure, run_sweep
 
     out = Path(out_dir)
     specs = expand_sweep(path, out)
     try:
-        combined = run_sweep(path, out_dir=out, workers=workers, progress=False, log=say)
+        combined = run_sweep(path, out_dir=out, scheduler=scheduler, workers=workers, progress=False, log=say)
         failures = []
     except SweepFailure as exc:
         combined, failures = exc.combined, exc.failures
