@@ -67,7 +67,7 @@ from .io import CELL_DIM, CELL_INDEX_ATTRS, TIME_ATTRS, attr_value, crs_attrs, x
 from .summation import DEFAULT_TOL, NearField, attention_field, mesh_sources, table_bytes
 from .summation.field import NEAR_FIELD_MAX_BYTES
 from .summation.kernels import unnormalise
-from .summation.points import add_point_sources
+from .summation.points import add_point_sources, point_log_partition
 from .timeline import progress_bar, save_times, segments
 from .transport import FluxDivergence, SSPStepper, kernels
 from .transport.diffusion import MeshDiffusion
@@ -322,16 +322,31 @@ class EulerianSolver:
         n = targets.shape[0]
         return {"part": np.empty((counts.pop(), n, 4)), "velocity": np.empty((n, 3)), "head": np.empty((n, 3)),
                 "targets": targets,
-                "mean": np.empty((n, 3)), "logz": np.empty(n), "no_div": np.empty(0),
+                "mean": np.empty((n, 3)), "logz": np.empty(n), "added": np.empty(n), "no_div": np.empty(0),
                 "no_points": (np.empty((0, 3)), np.empty(0))}
 
     def _mesh_part(self, f):
         """Every head's softmax mean and log-partition of the mesh density alone at the edge
-        points: part[h, :, 0:3] = m, part[h, :, 3] = ln Z (a buffer, copied by the history)."""
+        points: part[h, :, 0:3] = m, part[h, :, 3] = ln Z (a buffer, copied by the history).
+
+        Held to the summation tolerance relative to the whole measure, mesh and atoms: the
+        atoms' partition function at each edge point goes with the sums (added_log_partition of
+        attention_field), so that where the atoms dominate (around them: late, most targets) the
+        mesh part needs no costly re-summing. Half of it, since the atoms move until the next
+        refresh; the extrapolation's own error ε ≫ the summation tolerance anyway."""
         work = self._split
         part = work["part"]
+        x, m = self._point_sources(None)
+        added = None
+        if x is not None:
+            x = np.ascontiguousarray(x, dtype=float)
+            log_m = np.log(m) - math.log(2.0)
+            added = work["added"]
         for h, field in enumerate(self._edge_heads):
-            _, _, mean = field(f, False, log_partition=work["logz"])
+            if added is not None:
+                _, BT, beta, _, _ = self._split_heads[h]
+                point_log_partition(work["targets"], BT, beta, x, log_m, added)
+            _, _, mean = field(f, False, log_partition=work["logz"], added_log_partition=added)
             part[h, :, :3] = mean
             part[h, :, 3] = work["logz"]
         return part

@@ -370,7 +370,7 @@ def test_evaluation_does_not_depend_on_its_work_chunks():
             out = (np.full((n, 3), np.nan), np.full(n, np.nan), np.full((n, 3), np.nan))
             fallback = np.full(n, 9, dtype=np.int8)
             _evaluate(x, coef_t, L, qmm, a, b, 0.0, np.zeros(2), np.zeros(L + 1), 1e-3, BT, 2.0,
-                      np.zeros(3), V, True, *out, fallback, nthreads, np.empty(0), 0.0)
+                      np.zeros(3), V, True, *out, fallback, nthreads, np.empty(0), 0.0, np.empty(0))
             results.append((out, fallback))
         for out, fallback in results:
             assert np.isin(fallback, (0, 1)).all()  # every target was reached

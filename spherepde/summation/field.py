@@ -96,7 +96,8 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
 
 
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
-                    tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None, may_cluster=False):
+                    tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None, may_cluster=False,
+                    added_log_partition=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     The field follows model.normalisation: softmax, v = P_x(V m_β); or unnormalised,
@@ -130,6 +131,10 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     kernels skip the store).
     may_cluster: let "auto" try the clustered sums (grouping costs O(N log N) per call): for sources
     that can concentrate, the tokens of spherepde.particles; mesh cells never do.
+    added_log_partition: None, or per target (T,) ln Z_add of point sources the caller adds to
+    these sums exactly afterwards (spherepde.summation.points: the atoms of split sums). The
+    harmonic sums then hold each target to tol relative to Z + Z_add, the partition function of
+    the whole measure (harmonic.harmonic_softmax); the other methods are within tol of Z anyway.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -188,7 +193,8 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
             stats["fallbacks"] = fallbacks
     elif method == "harmonic":
         degree, left, tilted, handed = harmonic.harmonic_softmax(model, sources, masses, targets, want_div,
-                                                                 tol, velocity, divergence, mean, route, logz)
+                                                                 tol, velocity, divergence, mean, route, logz,
+                                                                 added_log_partition)
         redo, how = _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, left,
                            velocity, divergence, mean, logz, ln_top)
         if stats is not None:
@@ -312,17 +318,18 @@ class AttentionField:
             elif size > 0:
                 self.near = NearField(mesh, model, self.targets)
 
-    def __call__(self, f, want_div=False, points=None, point_masses=None, log_partition=None):
+    def __call__(self, f, want_div=False, points=None, point_masses=None, log_partition=None,
+                 added_log_partition=None):
         """The field of the cell densities f (and of point masses at points (n, 3), the atoms of
         spherepde.atoms: exact point sources, appended after the cells). log_partition: None, or
         an array (T,) that receives log Z(x) = ln(∫ e^{β⟨Bᵀx, y⟩} f dA + Σ_k m_k e^{β⟨Bᵀx, x_k⟩})
-        at the targets (attention_field)."""
+        at the targets; added_log_partition: that of point sources added later (attention_field)."""
         self.stats.pop("handed_back", None)
         sources, masses = mesh_sources(self.mesh, f, points, point_masses)
         result = attention_field(self.model, sources, masses, self.targets,
                                  want_div=want_div, out=self._out, method=self.method, tol=self.tol,
                                  stats=self.stats, near=self.near, route=self._route,
-                                 log_partition=log_partition)
+                                 log_partition=log_partition, added_log_partition=added_log_partition)
         self._route = self.stats.get("handed_back")
         return result
 

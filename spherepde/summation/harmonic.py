@@ -419,7 +419,7 @@ def _block_moments(targets, i0, coef_t, L, qmm, a, b, rounding, BT, beta, shift,
 
 @njit(cache=True, parallel=True)
 def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
-              velocity, divergence, mean, fallback, nthreads, logz, log_offset):
+              velocity, divergence, mean, fallback, nthreads, logz, log_offset, added):
     """For each target: t = 4π i_ℓ(κ)e^{−κ} Y_ℓm(x') with w = βBᵀx − shift, x' = w/|w|, κ = |w|
     (shift = 0: the global expansion; else the tilted one of a region, whose coefficients carry
     the factor e^{⟨shift, y⟩}), contracted with the coefficients coef_t (moments × harmonics, 4 or
@@ -428,7 +428,9 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
     (fallback[i] = 1); rounding[ℓ] is the series' rounding per unit weight of degree ℓ
     (_expansion_pass); nthreads: numba.get_num_threads() (sets the number of work chunks).
     logz (T,) or length 0: log Z = ln z + κ + log_offset, z the zeroth moment (its terms carry
-    e^{−κ}), log_offset the log of the masses' unit (ln max μ, plus top_R for a tilted region)."""
+    e^{−κ}), log_offset the log of the masses' unit (ln max μ, plus top_R for a tilted region).
+    added (T,) or length 0: ln Z_add of point sources the caller adds to these sums exactly
+    (harmonic_softmax); the budget is then min(tol·(z + z_add), z/2), z_add = e^{added − κ − log_offset}."""
     nmom = 10 if want_div else 4
     ntarget = targets.shape[0]
     nblocks = (ntarget + BLOCK - 1) // BLOCK
@@ -455,7 +457,14 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                 for r in range(nmom):
                     momt[r] = mom[r, t]
                 bound = err + noise[0] * tnorm[t] + noise[1] * t0_weight[t] + series[t]
-                if not (momt[0] > 0.0 and 2.0 * bound <= tol * momt[0]):
+                budget = tol * momt[0]
+                if added.size:
+                    w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1],
+                                                              targets[i, 2])
+                    kappa = math.sqrt((w0 - shift[0]) ** 2 + (w1 - shift[1]) ** 2 + (w2 - shift[2]) ** 2)
+                    z_add = math.exp(min(added[i] - kappa - log_offset, 700.0))
+                    budget = min(tol * (momt[0] + z_add), 0.5 * momt[0])
+                if not (momt[0] > 0.0 and 2.0 * bound <= budget):
                     fallback[i] = 1
                     continue
                 fallback[i] = 0
@@ -613,7 +622,7 @@ _REGION_CACHE = _RegionCache()
 
 
 def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean, logz=None,
-                ln_top=0.0):
+                ln_top=0.0, added=None):
     """Re-evaluate the targets `redo` by tilted regional expansions (module docstring): group them by
     HEALPix pixel R of target space (centre x_R), tilt the masses by e^{⟨s_R, y⟩}, s_R = βBᵀx_R,
     and expand only e^{⟨w, y⟩}, w = βBᵀx − s_R. The coefficients of all regions come from one
@@ -621,7 +630,8 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
     and moment_maps. Regions are HEALPix pixels at tilt_region_nside (the degree follows from the
     pixel radius); the targets still over their budget there get a second try in pixels half as
     wide (TILT_LEVELS). Writes the outputs of the targets within the error budget (and their log Z
-    into logz, if given: mu = μ/max μ, ln_top = ln max μ); returns the indices still over it."""
+    into logz, if given: mu = μ/max μ, ln_top = ln max μ; added: harmonic_softmax); returns the
+    indices still over it."""
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     beta_sigma = beta * float(np.linalg.norm(BT, 2))
@@ -632,13 +642,13 @@ def tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, dive
         if redo.size == 0 or nside > TILT_MAX_NSIDE:
             break
         redo = _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo, tol, want_div,
-                             velocity, divergence, mean, logz, ln_top)
+                             velocity, divergence, mean, logz, ln_top, added)
         nside *= 2
     return redo
 
 
 def _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo, tol, want_div, velocity,
-                  divergence, mean, logz=None, ln_top=0.0):
+                  divergence, mean, logz=None, ln_top=0.0, added=None):
     """tilted_pass with regions at one HEALPix level nside (BT = Bᵀ, beta_sigma = β σ_max(B));
     returns the targets still over budget."""
     L, tail = harmonic_degree(min(TILT_MAX_W, beta_sigma * hp.max_pixrad(nside)), tail_target(tol))
@@ -667,7 +677,8 @@ def _tilted_level(model, BT, beta, beta_sigma, nside, sources, mu, targets, redo
         # the budget of _expansion_pass from the region's tilted masses, summarised by their sums
         stats = _MassSummary(n, s1[r], s2[r])
         fallback = _expansion_pass(sub, coef[r], stats, L, tail, tol, BT, beta, shifts[r], model.V, want_div,
-                                   *out[:3], out[3], ln_top + top[r])
+                                   *out[:3], out[3], ln_top + top[r],
+                                   None if added is None else np.ascontiguousarray(added[idx]))
         good = fallback == 0
         write_back(idx, out, good, want_div, velocity, divergence, mean, logz)
         still.append(idx[~good])
@@ -696,10 +707,11 @@ def degree_norms(row, L):
 
 
 def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_div, velocity, divergence,
-                    mean, logz=None, log_offset=0.0):
+                    mean, logz=None, log_offset=0.0, added=None):
     """Evaluate the targets from the coefficients coef_t of the normalised masses mu (max 1) with
     the error budget of the module docstring; returns the flags of the targets over it. logz:
-    None, or an array that receives log Z + log_offset (the log of the masses' unit)."""
+    None, or an array that receives log Z + log_offset (the log of the masses' unit). added: None,
+    or ln Z_add per target (harmonic_softmax)."""
     qmm, a, b = _legendre_tables(L)
     eps = np.finfo(float).eps
     n = len(mu)
@@ -721,12 +733,13 @@ def _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, shift, V, want_
     fallback = np.zeros(len(targets), dtype=np.int8)
     _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta, shift, V, want_div,
               velocity, divergence, mean, fallback, get_num_threads(),
-              no_log_partition() if logz is None else logz, float(log_offset))
+              no_log_partition() if logz is None else logz, float(log_offset),
+              no_log_partition() if added is None else added)
     return fallback
 
 
 def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, divergence, mean, route=None,
-                     logz=None):
+                     logz=None, added=None):
     """The sums of direct.softmax_blocked by the harmonic expansion (module docstring); writes
     the same outputs for the targets it serves. The harmonics are built and contracted in blocks
     of BLOCK points (no (points × (L+1)²) array). Targets over the error budget go to the tilted
@@ -738,7 +751,13 @@ def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, d
     still served within its error budget, here or by the caller. Returns (L, indices of the
     targets left to re-sum, number served by the tilted regions, mask of the targets the global
     expansion did not serve (routed or over its budget)). logz: None, or an array (T,) that
-    receives log Z of the targets served here."""
+    receives log Z of the targets served here.
+    added: None, or per target ln Z_add of point sources that the caller adds to these sums
+    exactly afterwards (the atoms of split sums, spherepde.summation.points). A target's budget
+    is then relative to the whole partition function, 2·err ≤ tol·(Z + Z_add), since an absolute
+    error err of these sums moves the whole measure's mean by 2·err/(Z + Z_add); and at most Z/2,
+    so that these sums' own mean and log Z stay meaningful (the solver extrapolates them in time).
+    Where the points dominate (near the atoms) the tilted regions and re-sums are then spared."""
     BT = np.ascontiguousarray(model.B.T, dtype=float)
     beta = float(model.beta)
     L, tail = harmonic_degree(beta * float(np.linalg.norm(BT, 2)), tail_target(tol))
@@ -747,10 +766,13 @@ def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, d
     keep = masses > 0
     sources, mu = sources[keep], masses[keep] / masses.max()
     want_logz = logz is not None and logz.size > 0
-    ln_top = float(np.log(masses.max())) if want_logz else 0.0
+    if added is not None and not (isinstance(added, np.ndarray) and added.shape == (len(targets),)
+                                  and added.dtype == np.float64 and added.flags.c_contiguous):
+        raise ValueError(f"added must be a contiguous float64 array of shape ({len(targets)},)")
+    ln_top = float(np.log(masses.max())) if want_logz or added is not None else 0.0
     if route is None:
         handed = _global_pass(sources, mu, targets, L, tail, tol, BT, beta, model.V, want_div, velocity,
-                              divergence, mean, logz, ln_top)
+                              divergence, mean, logz, ln_top, added)
     else:
         handed = np.array(route, dtype=bool)
         tried = np.flatnonzero(~handed)
@@ -758,25 +780,25 @@ def harmonic_softmax(model, sources, masses, targets, want_div, tol, velocity, d
             n = tried.size
             out = (np.empty((n, 3)), np.empty(n), np.empty((n, 3)), np.empty(n if want_logz else 0))
             over = _global_pass(sources, mu, np.ascontiguousarray(targets[tried]), L, tail, tol, BT, beta,
-                                model.V, want_div, *out, ln_top)
+                                model.V, want_div, *out, ln_top, None if added is None else added[tried])
             write_back(tried, out, ~over, want_div, velocity, divergence, mean, logz)
             handed[tried[over]] = True
     redo = np.flatnonzero(handed)
     handed_back = redo.size
     if redo.size:
         redo = tilted_pass(model, sources, mu, targets, redo, tol, want_div, velocity, divergence, mean, logz,
-                           ln_top)
+                           ln_top, added)
     return L, redo, int(handed_back - redo.size), handed
 
 
 def _global_pass(sources, mu, targets, L, tail, tol, BT, beta, V, want_div, velocity, divergence, mean, logz=None,
-                 ln_top=0.0):
+                 ln_top=0.0, added=None):
     """The global expansion (shift 0) at the targets; returns the mask of those over budget (logz:
-    None or an array for log Z, ln_top = ln max μ)."""
+    None or an array for log Z, ln_top = ln max μ; added: None or ln Z_add per target)."""
     qmm, a, b = _legendre_tables(L)
     rows = 12 if want_div else 4  # the contraction takes moments in fours (rows 10, 11 stay 0)
     parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, row_length(L)))
     _coefficients(sources, mu, L, qmm, a, b, parts)
     coef_t = parts.sum(axis=0)  # (moments, harmonics)
     return _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, np.zeros(3), V, want_div, velocity,
-                           divergence, mean, logz, ln_top).astype(bool)
+                           divergence, mean, logz, ln_top, added).astype(bool)
