@@ -456,6 +456,13 @@ def _local_cluster(workers, threads):
             cluster.close()
 
 
+def _check_sizes(workers, threads_per_run):
+    """SweepError naming the setting unless both are positive integers."""
+    for name, value in (("workers", workers), ("threads_per_run", threads_per_run)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SweepError(f"{name}: must be a positive integer, got {value!r}")
+
+
 @contextlib.contextmanager
 def local_cluster(workers=2, threads_per_run=1):
     """One LocalCluster of `workers` processes for several run_sweep calls: yields its scheduler
@@ -463,9 +470,7 @@ def local_cluster(workers=2, threads_per_run=1):
     workers, importing spherepde and loading its kernels) takes seconds; a script that runs many
     small sweeps pays it once. Call it under `if __name__ == "__main__":`, like run_sweep."""
     _refuse_in_worker()
-    for name, value in (("workers", workers), ("threads_per_run", threads_per_run)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SweepError(f"{name}: must be a positive integer, got {value!r}")
+    _check_sizes(workers, threads_per_run)
     with _local_cluster(workers, threads_per_run) as client:
         yield client.scheduler.address
 
@@ -528,9 +533,7 @@ def run_sweep(path, out_dir=None, scheduler=None, workers=2, progress=None, over
     SweepFailure after the combined file is written when a run failed.
     """
     _refuse_in_worker()
-    for name, value in (("workers", workers), ("threads_per_run", threads_per_run)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SweepError(f"{name}: must be a positive integer, got {value!r}")
+    _check_sizes(workers, threads_per_run)
     log = log or (lambda text: None)
     sweep, specs = _expand(path, out_dir)
     name, out = sweep.name, specs[0].path.parent

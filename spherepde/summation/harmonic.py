@@ -457,11 +457,13 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                 for r in range(nmom):
                     momt[r] = mom[r, t]
                 bound = err + noise[0] * tnorm[t] + noise[1] * t0_weight[t] + series[t]
-                budget = tol * momt[0]
-                if added.size:
+                kappa = 0.0  # |w| = |βBᵀx − shift|: the target-side scale e^{−κ}, when needed
+                if added.size or logz.size:
                     w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1],
                                                               targets[i, 2])
                     kappa = math.sqrt((w0 - shift[0]) ** 2 + (w1 - shift[1]) ** 2 + (w2 - shift[2]) ** 2)
+                budget = tol * momt[0]
+                if added.size:
                     z_add = math.exp(min(added[i] - kappa - log_offset, 700.0))
                     budget = min(tol * (momt[0] + z_add), 0.5 * momt[0])
                 if not (momt[0] > 0.0 and 2.0 * bound <= budget):
@@ -471,12 +473,7 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                 _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], 0.0, 0.0, 0.0, momt, BT,
                                beta, V, want_div, velocity, divergence, mean)
                 if logz.size:
-                    w0, w1, w2, _, _, _, _ = kernel_direction(BT, beta, targets[i, 0], targets[i, 1],
-                                                              targets[i, 2])
-                    w0 -= shift[0]
-                    w1 -= shift[1]
-                    w2 -= shift[2]
-                    logz[i] = math.log(momt[0]) + math.sqrt(w0 * w0 + w1 * w1 + w2 * w2) + log_offset
+                    logz[i] = math.log(momt[0]) + kappa + log_offset
 
 
 @njit(cache=True, parallel=True)
