@@ -365,6 +365,37 @@ class RunWriter:
                                "(written by another spherepde version or config)")
         return self
 
+    def begin_resume(self, attrs: dict, delete=()):
+        """The first writes of a resumed run, before it computes anything: the slots it will
+        write (next_index on) are read through this handle and written back unchanged, the
+        end-of-run attributes are set (set_run_attrs: e.g. the history entry), and all is flushed.
+        HDF5 reads some of a file's structures only when it writes (a variable's attributes in
+        append mode, the index of the global attributes when one is added), so the read-only
+        checks of read_resume_point can pass on a damaged file whose first write then fails. The
+        slots are allocated already, so a netCDF library error here (a RuntimeError, no errno)
+        means damage: RunFileError, exit 2. An OSError stays a WriteError (the file system
+        refused). The writer is closed on either error."""
+        nc = self._nc
+        try:
+            with self._writing("the unwritten snapshots (rewritten unchanged to check the file)"):
+                nc.set_auto_mask(False)  # the values as stored
+                for var in nc.variables.values():
+                    if var.dimensions[:1] == ("time",) and self.next_index < var.shape[0]:
+                        var[self.next_index:, ...] = var[self.next_index:, ...]
+                nc.set_auto_mask(True)
+            self.set_run_attrs(attrs, delete)
+            with self._writing("the resumed file's attributes"):
+                self._flush()
+        except WriteError as exc:
+            self.abort()
+            if isinstance(exc.__cause__, RuntimeError):
+                raise RunFileError(f"{self.path}: cannot resume, damaged run file ({exc.__cause__} at its "
+                                   "first write)") from exc
+            raise
+        except BaseException:
+            self.abort()
+            raise
+
     @contextlib.contextmanager
     def _writing(self, what):
         """Turn the file system's refusal into one WriteError naming the file and what was written."""

@@ -481,12 +481,8 @@ def _reopen(setup, path, point, times):
     if setup.config["guards"] != point.config.get("guards"):  # the one section that may change
         entry += f" with [guards] {json.dumps(setup.config['guards'])}"
     history = point.attrs.get("history", "")
-    try:  # a failure is forgotten
-        writer.set_run_attrs({"history": (history + "\n" if history else "") + entry},
-                             delete=("failure", "failure_time"))
-    except BaseException:
-        writer.abort()
-        raise
+    # a failure is forgotten; a file damaged where only a write reads it is refused here
+    writer.begin_resume({"history": (history + "\n" if history else "") + entry}, delete=("failure", "failure_time"))
     return writer, records, start
 
 

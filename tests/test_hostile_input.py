@@ -326,6 +326,35 @@ def test_plot_and_resume_of_damaged_files_exit_2(run_files, tmp_path, capsys, da
         assert len(err) == 1 and str(path) in err[0], err
 
 
+def test_resume_refuses_a_file_damaged_where_only_a_write_reads(run_files, tmp_path, capsys):
+    """A flipped bit in the last bytes of an interrupted file, where HDF5 put the index of the
+    global attributes when the interruption was simulated: the read-only checks of the resume
+    point pass and the first write fails (found by the random test below: exit 4, "writing
+    snapshot 2 failed", with ample free space). Damage is exit 2 with one line naming the file,
+    or a finished file equal to the uninterrupted run, never a write error."""
+    import netCDF4
+
+    cfg, done = run_files
+    cut = tmp_path / "cut.nc"
+    cut.write_bytes(done.read_bytes())
+    with netCDF4.Dataset(cut, "a") as nc:  # interrupted after two snapshots
+        nc.variables["snapshot_complete"][2:] = 0
+        nc.setncattr("complete", 0)
+    raw = cut.read_bytes()
+    path = tmp_path / "damaged.nc"
+    statuses = []
+    for at in range(len(raw) - 16, len(raw), 2):
+        path.write_bytes(raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1:])
+        status = main(["run", str(cfg), "-o", str(path), "--resume"])
+        err = capsys.readouterr().err.strip().splitlines()
+        statuses.append(status)
+        if status == 2:
+            assert len(err) == 1 and str(path) in err[0], err
+        else:
+            assert status == 0 and run_difference(path, done) <= ROUND_OFF, (at, err)
+    assert 2 in statuses
+
+
 @given(data=st.data())
 @settings(max_examples=10, deadline=None,  # capsys: each example reads (and so empties) it
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
