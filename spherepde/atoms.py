@@ -21,11 +21,19 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
   wider than the patch (a paraboloid above its floor), so `width` ≈ 1.3 makes the atom when the
   peak stops being resolved, before it becomes a one-cell spike (DESIGN.md §7).
-  Optional (`stalled_width` > 0, off by default): a peak of width up to `stalled_width` whose
-  maximum stopped following the compression, (log f_c^{n+1} − log f_c^n)/dt < ½(−div v_c),
-  is unresolved as well (stalled_peaks): the scheme holds a collapsing cluster at the width
-  where its numerical diffusion balances the contraction (σ ≈ 1.3–1.6 h, measured), which a
-  fixed `width` near that value catches on some meshes and not on others.
+  Stalled peaks (`stalled_width` > 0; 1.7 by default, 0: off): a peak of width up to
+  `stalled_width` whose maximum stopped following the compression,
+  (log f_c^{n+1} − log f_c^n)/dt < ½(−div v_c), is unresolved as well (stalled_peaks): the
+  scheme holds a collapsing cluster at the width where its numerical diffusion balances the
+  contraction (σ ≈ 1.3–1.6 h, measured), which a fixed `width` near that value catches on some
+  meshes and not on others. A stalled peak within `join` cell sizes (4 by default, 0: off) of
+  an atom heavier than the peak's excess joins that atom instead of making a new one: the
+  excess goes to the atom at the normalised mass-weighted mean (Atoms._absorb), so mass and
+  the direction of the first moment are exact, as in a merge. It is the remnant of a cluster
+  whose core became an atom while its flank was still resolved; left on the mesh it is held
+  beside the atom by the scheme's diffusion (measured: ≈ 0.2 of a 0.73 vMF cluster for t = 2.8
+  to 8.5 at nside 64), and as a new atom it starts a cascade of small atoms that merge later.
+  docs/atoms.md gives the measurements that made this rule the default.
   All peaks of a step are taken from the same f: a cell in several patches gives its excess
   to the candidate whose centre is nearest (shared among those tied to round-off) and keeps
   min(f, lowest floor of its owners), so the mirror-image peaks of a symmetric state are
@@ -231,14 +239,16 @@ class Atoms:
 
     mesh: the HealpixMesh; capacity: slots; width: creation threshold on σ in cell sizes h = √A;
     min_mass: smallest excess mass that becomes an atom (the initial mass is 1 for a probability
-    density); merge: merge distance in cell sizes (chordal).
+    density); merge: merge distance in cell sizes (chordal); feeding: feed atoms after each step
+    (Atoms.feed); stalled_width: the stalled-peak rule's width limit in cell sizes (0: off);
+    join: a stalled peak this close (cell sizes, chordal) to a heavier atom joins it (0: off).
     State: positions (capacity, 3) (NaN in unused slots), masses (capacity,) (0: no atom),
     created (capacity,) creation times (NaN: never used); counters created_count, merged_count,
     refused_count.
     """
 
     def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
-                 merge: float = 0.5, feeding: bool = False, stalled_width: float = 0.0):
+                 merge: float = 0.5, feeding: bool = False, stalled_width: float = 1.7, join: float = 4.0):
         self.mesh = mesh
         self.feeding = bool(feeding)  # False: atoms grow by creation and merging only
         self.capacity = int(capacity)
@@ -246,6 +256,8 @@ class Atoms:
         self.stalled_width = float(stalled_width)  # 0: off (stalled_peaks)
         self.min_mass = float(min_mass)
         self.merge_distance = float(merge) * math.sqrt(mesh.area)
+        self.join_distance = float(join) * math.sqrt(mesh.area)
+        self._join = {}  # candidate cell → slot of the atom it joins (find_peaks, for create)
         self.positions = np.full((self.capacity, 3), np.nan)
         self.masses = np.zeros(self.capacity)
         self.created = np.full(self.capacity, np.nan)
@@ -316,17 +328,32 @@ class Atoms:
     def find_peaks(self, f, divergence, f_old=None, dt=None):
         """Run unresolved_peaks on f; returns the candidate cells (unresolved, heavy enough),
         heaviest first: width σ ≤ `width`, or σ ≤ `stalled_width` and stalled (stalled_peaks;
-        needs the step's f_old and dt). The per-cell results stay in the work arrays."""
+        needs the step's f_old and dt). The per-cell results stay in the work arrays; the stalled
+        peaks that join an atom (module docstring) in self._join."""
         mesh = self.mesh
         unresolved_peaks(f, self._neighbours, mesh.centroids, divergence, float(mesh.area), self._width,
                          self._mass, self._centre, self._floor, self._patch)
         heavy = self._mass >= self.min_mass
         unresolved = self._width <= self.width
+        self._join = {}
         if self.stalled_width > 0.0 and f_old is not None and dt is not None and dt > 0.0:
             near = np.flatnonzero(heavy & ~unresolved & (self._width <= self.stalled_width))
-            unresolved[near[stalled_peaks(f, f_old, divergence, dt, near)]] = True
+            stalled = near[stalled_peaks(f, f_old, divergence, dt, near)]
+            unresolved[stalled] = True
+            if stalled.size and self.count and self.join_distance > 0.0:
+                self._join = self._joining(stalled)
         cand = np.flatnonzero(unresolved & heavy)
         return cand[np.argsort(-self._mass[cand], kind="stable")]
+
+    def _joining(self, stalled):
+        """{cell: slot} for the stalled peaks within the join distance of a living atom heavier
+        than the peak's excess: the nearest such atom."""
+        slots = np.flatnonzero(self.alive)
+        d = np.linalg.norm(self._centre[stalled][:, None, :] - self.positions[slots][None, :, :], axis=2)
+        d[self.masses[slots][None, :] < self._mass[stalled][:, None]] = np.inf  # (peaks × atoms ≤ capacity)
+        nearest = np.argmin(d, axis=1)
+        close = d[np.arange(stalled.size), nearest] <= self.join_distance
+        return {int(c): int(slots[k]) for c, k in zip(stalled[close], nearest[close])}
 
     def _anchors(self, f, cand):
         """Where each candidate peak sits: the normalised mean of the centroids of its maximal
@@ -385,7 +412,7 @@ class Atoms:
 
     def create(self, t, f, divergence, f_old=None, dt=None) -> int:
         """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
-        their patch), in place on f. All peaks are taken from the same f: a cell in several
+        their patch, or join a stalled one to the heavier atom beside it), in place on f. All peaks are taken from the same f: a cell in several
         patches keeps min(f, lowest floor of its owners) and its excess goes to the nearest
         candidate(s) (_ownership); a candidate left with less than min_mass of its own (a plateau
         on the flank of a peak, whose patch reaches into the peak's) is dropped. Returns the
@@ -408,7 +435,9 @@ class Atoms:
         for i, c in enumerate(cand):
             patch = self._patch[c][self._patch[c] >= 0]
             inside = np.isin(atom_cells, patch) if atom_cells.size else np.zeros(0, dtype=bool)
-            if inside.any():
+            if int(c) in self._join:
+                owner[i] = self._join[int(c)]
+            elif inside.any():
                 slots = alive_slots[inside]
                 owner[i] = slots[np.argmin(np.linalg.norm(self.positions[slots] - self._centre[c], axis=1))]
             elif free:
@@ -423,7 +452,10 @@ class Atoms:
         cells, new, mass, moment, exclusive = split
         f[cells] = new
         for i, k in enumerate(owner):
-            if self.masses[k] > 0:
+            if self.masses[k] > 0 and int(cand[i]) in self._join:
+                if mass[i] > 0:  # direction of m_k x_k + the excess's first moment: exact
+                    self._absorb(k, mass[i], moment[i] / mass[i])
+            elif self.masses[k] > 0:
                 self.masses[k] += mass[i]  # at the atom (see the module docstring)
             else:
                 self.positions[k] = self._centre[cand[i]] if exclusive[i] else _unit(moment[i])

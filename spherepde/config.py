@@ -36,8 +36,10 @@ A config has the sections
                    atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
                    max_atoms (slots, 1 … 4096), atom_feeding (default false: atoms grow by
                    creation and merging only; true: mesh mass flowing into an atom's cell joins it),
-                   atom_stalled_width (0: off; else in [atom_width, 3]: a peak up to this width
-                   whose maximum grows at less than half the flow's compression also becomes an atom)
+                   atom_stalled_width (default 1.7; 0: off; else in [atom_width, 3]: a peak up to
+                   this width whose maximum grows at less than half the flow's compression also
+                   becomes an atom), atom_join (default 4; 0: off; at most 8: a stalled peak within
+                   this many cell sizes of a heavier atom joins it instead of making a new atom)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -80,7 +82,7 @@ DEFAULTS = {
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
-                 "atom_feeding": False, "atom_stalled_width": 0.0},
+                 "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -469,9 +471,16 @@ def resolve(raw: dict) -> dict:
     eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
     eul["atom_stalled_width"] = _number("eulerian", "atom_stalled_width", eul["atom_stalled_width"], low=0.0,
                                         high=3.0)
+    if "atom_stalled_width" not in raw.get("eulerian", {}) and eul["atom_stalled_width"] > 0.0:
+        # the default band (atom_width, 1.7] is empty for a wider atom_width: the rule then adds nothing
+        eul["atom_stalled_width"] = max(eul["atom_stalled_width"], eul["atom_width"])
     if 0.0 < eul["atom_stalled_width"] < eul["atom_width"]:
         raise ConfigError(f"[eulerian] atom_stalled_width: must be 0 (off) or ≥ atom_width = {eul['atom_width']:g}, "
                           f"got {eul['atom_stalled_width']:g}")
+    eul["atom_join"] = _number("eulerian", "atom_join", eul["atom_join"], low=0.0, high=8.0)
+    if eul["atom_join"] > 0.0 and eul["atom_stalled_width"] == 0.0 and "atom_join" in raw.get("eulerian", {}):
+        raise ConfigError(f"[eulerian] atom_join: acts on stalled peaks only, so it needs atom_stalled_width > 0 "
+                          f"(got atom_join = {eul['atom_join']:g} with atom_stalled_width = 0)")
     if not isinstance(eul["atom_feeding"], bool):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
     cap = eul["max_atoms"]
@@ -655,9 +664,11 @@ ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("mode
               ("model", "noise_breakpoints"): None}
 ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
 ADDED_KEYS[("eulerian", "atom_stalled_width")] = 0.0  # the stalled-peak rule came later, off
+ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to the atom beside it
 
 
-ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width")
+ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
+             "atom_join")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

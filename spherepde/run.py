@@ -117,7 +117,8 @@ def _atom_options(eul):
     if not eul["atoms"]:
         return None
     return {"capacity": eul["max_atoms"], "width": eul["atom_width"], "min_mass": eul["atom_min_mass"],
-            "merge": eul["atom_merge"], "feeding": eul["atom_feeding"], "stalled_width": eul["atom_stalled_width"]}
+            "merge": eul["atom_merge"], "feeding": eul["atom_feeding"], "stalled_width": eul["atom_stalled_width"],
+            "join": eul["atom_join"]}
 
 
 def run_times(config) -> list[float]:
@@ -268,7 +269,8 @@ class _Setup:
             self.dims.update(atom=self.solver.atoms.capacity, xyz=3)
             self.arrays.update(ATOM_ARRAYS)
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
-                               "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"]})
+                               "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"],
+                               "atom_join": eul["atom_join"]})
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles

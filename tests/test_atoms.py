@@ -168,6 +168,68 @@ def test_a_stalled_peak_becomes_an_atom(mesh_factory, growth, stalled_width, sd_
     assert Atoms(mesh, stalled_width=stalled_width).create(0.0, f.copy(), div) == 0  # no step known
 
 
+def _peak_beside_an_atom(mesh, atom_mass, distance_cells):
+    """A stalled peak (σ ≈ 1.5 h, its maximum not growing over the step) and one atom at
+    distance_cells·h from its centre, outside its patch: (atoms, f, div, f_old, dt)."""
+    h = math.sqrt(mesh.area)
+    centre = np.array([0.3, 0.9, 0.2]) / np.linalg.norm([0.3, 0.9, 0.2])
+    f = gaussian_peak(mesh, centre, 1.15 * h)
+    div, dt = -2.0 * np.ones(mesh.npix), 0.01
+    side = np.cross(centre, [0.0, 0.0, 1.0])
+    side /= np.linalg.norm(side)
+    angle = 2 * math.asin(distance_cells * h / 2)  # chordal distance_cells·h
+    x = math.cos(angle) * centre + math.sin(angle) * side
+    atoms = Atoms(mesh)
+    positions = np.full((atoms.capacity, 3), np.nan)
+    positions[0] = x
+    masses = np.zeros(atoms.capacity)
+    masses[0] = atom_mass
+    created = np.full(atoms.capacity, np.nan)
+    created[0] = 0.0
+    atoms.restore(positions, masses, created, created_count=1)
+    return atoms, f, div, f.copy(), dt  # f_old = f: the maximum did not grow
+
+
+def test_a_stalled_peak_beside_a_heavier_atom_joins_it(mesh_factory):
+    """The join (atom_join, default 4 h): the peak's excess goes to the atom; mass exact and the
+    atom moves to the direction of m x + Σ_j e_j y_j (the patch's excess and its first moment,
+    e_j = A (f_j before − f_j after)), as in a merge."""
+    mesh = mesh_factory(16)
+    atoms, f, div, f_old, dt = _peak_beside_an_atom(mesh, 0.8, 3.5)
+    cand = atoms.find_peaks(f, div, f_old, dt)
+    assert cand.size == 1
+    patch = atoms._patch[cand[0]][atoms._patch[cand[0]] >= 0]
+    assert atoms.cells()[0] not in patch  # not the rule of an atom inside the patch
+    x0, m0 = atoms.positions[0].copy(), atoms.masses[0]
+    before = f.copy()
+    assert atoms.create(1.0, f, div, f_old, dt) == 1
+    assert atoms.count == 1 and atoms.created_count == 1  # no new atom
+    e = (before - f) * mesh.area
+    assert e.sum() > 0.4
+    assert atoms.masses[0] == pytest.approx(m0 + e.sum(), rel=1e-15)
+    assert mesh.integrate(f) + atoms.total_mass == pytest.approx(mesh.integrate(before) + m0, abs=1e-15)
+    moment = m0 * x0 + e @ mesh.centroids
+    np.testing.assert_allclose(atoms.positions[0], moment / np.linalg.norm(moment), rtol=0, atol=1e-15)
+    assert np.linalg.norm(atoms.positions[0] - x0) > 0.01  # it moved toward the peak
+
+
+@pytest.mark.parametrize("atom_mass, distance_cells, join", [
+    (0.1, 3.5, 4.0),  # the atom is lighter than the peak: the peak is a cluster of its own
+    (0.8, 5.0, 4.0),  # heavier but beyond the join distance
+    (0.8, 3.5, 0.0),  # the join is off
+])
+def test_a_stalled_peak_not_joined_becomes_a_new_atom(mesh_factory, atom_mass, distance_cells, join):
+    mesh = mesh_factory(16)
+    atoms, f, div, f_old, dt = _peak_beside_an_atom(mesh, atom_mass, distance_cells)
+    atoms.join_distance = join * math.sqrt(mesh.area)
+    x0 = atoms.positions[0].copy()
+    before = mesh.integrate(f) + atoms.total_mass
+    assert atoms.create(1.0, f, div, f_old, dt) == 1
+    assert atoms.count == 2 and atoms.created_count == 2
+    np.testing.assert_array_equal(atoms.positions[0], x0)
+    assert mesh.integrate(f) + atoms.total_mass == pytest.approx(before, abs=1e-15)
+
+
 def test_stalled_peaks_is_the_liouville_ratio():
     f_old = np.array([1.0, 1.0, 1.0, 0.0, 2.0])
     f = np.array([1.0, math.exp(0.02), math.exp(0.0099), 1.0, 1.0])

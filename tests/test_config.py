@@ -62,6 +62,10 @@ BAD = [
      ["[eulerian] atom_stalled_width", "0 (off) or ≥ atom_width"]),
     ("atom stalled width large", lambda t: t.replace("nside = 4", "nside = 4\natom_stalled_width = 4"),
      ["[eulerian] atom_stalled_width", "<= 3"]),
+    ("atom join negative", lambda t: t.replace("nside = 4", "nside = 4\natom_join = -1"), ["[eulerian] atom_join", ">= 0"]),
+    ("atom join large", lambda t: t.replace("nside = 4", "nside = 4\natom_join = 9"), ["[eulerian] atom_join", "<= 8"]),
+    ("atom join without the stalled rule", lambda t: t.replace("nside = 4", "nside = 4\natom_stalled_width = 0\natom_join = 4"),
+     ["[eulerian] atom_join", "needs atom_stalled_width > 0"]),
     ("max atoms float", lambda t: t.replace("nside = 4", "nside = 4\nmax_atoms = 2.5"), ["[eulerian] max_atoms", "integer"]),
     ("guard tolerance", lambda t: t + "\n[guards]\nmass_tolerance = -1.0\n", ["[guards] mass_tolerance", "> 0"]),
     ("guard key", lambda t: t + "\n[guards]\nnan_check = false\n", ["[guards] nan_check", "unknown key"]),
@@ -142,6 +146,21 @@ def test_resolve_defaults_and_overrides(tmp_path):
     assert parse_override("initial.kind=vmf") == ("initial", "kind", "vmf")
     with pytest.raises(ConfigError, match=r"\[model\] B"):
         resolve(apply_overrides(load(cfg), ["model.beta=inf", "model.B=[[1,0,0],[0,1,0],[0,0,0]]"]))
+
+
+def test_atom_rule_defaults(tmp_path):
+    """The stalled-peak rule and the join are on by default (docs/atoms.md); a wider atom_width
+    alone is accepted (the default stalled band (atom_width, 1.7] is then empty), an explicit
+    atom_stalled_width below it is not."""
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(GOOD)
+    eul = resolve(load(cfg))["eulerian"]
+    assert (eul["atom_width"], eul["atom_stalled_width"], eul["atom_join"]) == (1.3, 1.7, 4.0)
+    eul = resolve(apply_overrides(load(cfg), ["eulerian.atom_width=2.0"]))["eulerian"]
+    assert eul["atom_stalled_width"] == 2.0
+    with pytest.raises(ConfigError, match="atom_stalled_width"):
+        resolve(apply_overrides(load(cfg), ["eulerian.atom_width=2.0", "eulerian.atom_stalled_width=1.7"]))
+    assert resolve(apply_overrides(load(cfg), ["eulerian.atom_stalled_width=0"]))["eulerian"]["atom_join"] == 4.0
 
 
 def test_guards_section_defaults_and_values(tmp_path):

@@ -420,11 +420,16 @@ def test_resolved_noise_keys_and_old_configs():
     assert plain["model"]["noise"] == 0.0 and plain["eulerian"]["atoms"] is True
     noisy = resolve({**raw, "model": {**raw["model"], "noise": 0.1, "noise_schedule": "constant", "noise_time": 3}})
     assert noisy["model"]["noise_time"] is None and noisy["eulerian"]["atoms"] is False
-    # a file written before noise existed: its config lacks the keys and still matches
+    # a file written before noise existed: its config lacks the keys and still matches a config
+    # with the atom rule of its time (no stalled peaks, no join)
     old = json.loads(json.dumps(plain))
     for section, key in ADDED_KEYS:
         old[section].pop(key)
+    assert difference(old, json.loads(json.dumps(plain))) == "[eulerian] atom_join: 0.0 in the file, 4.0 now"
+    rule_of_then = {"eulerian": {"atom_stalled_width": 0.0, "atom_join": 0.0}}
+    plain = resolve({**raw, **rule_of_then})
     assert difference(old, json.loads(json.dumps(plain))) is None
+    noisy = resolve({**raw, **rule_of_then, "model": {**raw["model"], "noise": 0.1}})
     assert difference(old, json.loads(json.dumps(noisy))) == "[eulerian] atoms: True in the file, False now"
     noisy_without_atoms = json.loads(json.dumps(noisy))
     noisy_without_atoms["eulerian"]["atoms"] = True
@@ -436,9 +441,10 @@ def test_resolved_noise_keys_and_old_configs():
 def test_a_file_written_before_noise_existed_resumes(tmp_path, capsys):
     """A run file whose config has no noise keys (written by an older spherepde: no layout
     digests either), interrupted after 2 snapshots: --resume continues it and ends equal to the
-    uninterrupted run."""
+    uninterrupted run. The config states the atom rule of then (an old file implies it, and a
+    resume with a different rule is refused)."""
     cfg = tmp_path / "old.toml"
-    cfg.write_text(CONFIG.replace("nside = 4", "nside = 2"))
+    cfg.write_text(CONFIG.replace("nside = 4", "nside = 2\natom_stalled_width = 0.0\natom_join = 0.0"))
     full, old = tmp_path / "full.nc", tmp_path / "old.nc"
     assert main(["run", str(cfg), "-o", str(full)]) == 0
     interrupt_after(cfg, old, 2)  # asserts exit status 130

@@ -53,7 +53,9 @@ ROTATION = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
 V_SECOND = np.diag([0.5, 0.2, -1.0])  # head 2 of section 2: M = M_1 + M_2 has real eigenvalues ±√0.9, −3
 V_TILTED = np.array([[0.2, 0.0, 0.0], [0.0, 1.0, 0.4], [0.0, 0.4, -0.5]])  # layer 2: dominant axis near e₂
 LAW = ProjectedNormal([0.3, 0.1, 0.2], np.diag([1.0, 0.6, 0.3]))
-ATOMS = dict(capacity=64, width=1.3, min_mass=1e-4, merge=0.5, feeding=True)  # the config's defaults
+# the atom rule the committed heads report was made with (feeding on, no stalled-peak rule; the
+# config's defaults since 2026-12-04 are feeding off, stalled_width 1.7, join 4: docs/atoms.md)
+ATOMS = dict(capacity=64, width=1.3, min_mass=1e-4, merge=0.5, feeding=True, stalled_width=0.0, join=0.0)
 EULERIAN = dict(atoms=ATOMS, velocity_tolerance=1e-3)
 PARTICLE_DT = 0.05
 REF_NSIDE, QUICK_REF_NSIDE = 128, 32
