@@ -39,7 +39,8 @@ A config has the sections
                    atom_stalled_width (default 1.7; 0: off; else in [atom_width, 3]: a peak up to
                    this width whose maximum grows at less than half the flow's compression also
                    becomes an atom), atom_join (default 4; 0: off; at most 8: a stalled peak within
-                   this many cell sizes of a heavier atom joins it instead of making a new atom)
+                   this many cell sizes of a heavier atom joins it instead of making a new atom);
+                   both default to 0 below nside 8, whose cells are too wide for the rule
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -469,6 +470,13 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
                           f"got {eul['atom_min_mass']:g}")
     eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
+    if nside < STALLED_RULE_MIN_NSIDE:
+        # a cell of nside ≤ 4 is ≥ 0.5 rad wide: a peak 1.7 cells wide is a third of a hemisphere,
+        # not a cluster (measured: tests/test_layers.py's vMF κ = 3 run made half its mass one atom
+        # at t = 0.4 and W₂ to Π#ρ jumped by 0.085; at nside 8 and 16 it makes none). Off unless set.
+        for key in ("atom_stalled_width", "atom_join"):
+            if key not in raw.get("eulerian", {}):
+                eul[key] = 0.0
     eul["atom_stalled_width"] = _number("eulerian", "atom_stalled_width", eul["atom_stalled_width"], low=0.0,
                                         high=3.0)
     if "atom_stalled_width" not in raw.get("eulerian", {}) and eul["atom_stalled_width"] > 0.0:
@@ -480,7 +488,8 @@ def resolve(raw: dict) -> dict:
     eul["atom_join"] = _number("eulerian", "atom_join", eul["atom_join"], low=0.0, high=8.0)
     if eul["atom_join"] > 0.0 and eul["atom_stalled_width"] == 0.0 and "atom_join" in raw.get("eulerian", {}):
         raise ConfigError(f"[eulerian] atom_join: acts on stalled peaks only, so it needs atom_stalled_width > 0 "
-                          f"(got atom_join = {eul['atom_join']:g} with atom_stalled_width = 0)")
+                          f"(got atom_join = {eul['atom_join']:g} with atom_stalled_width = 0; it is 0 by "
+                          f"default below nside {STALLED_RULE_MIN_NSIDE})")
     if not isinstance(eul["atom_feeding"], bool):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
     cap = eul["max_atoms"]
@@ -667,6 +676,7 @@ ADDED_KEYS[("eulerian", "atom_stalled_width")] = 0.0  # the stalled-peak rule ca
 ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to the atom beside it
 
 
+STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
 ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
              "atom_join")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles

@@ -149,11 +149,12 @@ def test_resolve_defaults_and_overrides(tmp_path):
 
 
 def test_atom_rule_defaults(tmp_path):
-    """The stalled-peak rule and the join are on by default (docs/atoms.md); a wider atom_width
-    alone is accepted (the default stalled band (atom_width, 1.7] is then empty), an explicit
-    atom_stalled_width below it is not."""
+    """The stalled-peak rule and the join are on by default from nside 8 (docs/atoms.md) and off
+    below (a cell of nside 4 is 0.5 rad wide) unless set; a wider atom_width alone is accepted
+    (the default stalled band (atom_width, 1.7] is then empty), an explicit atom_stalled_width
+    below it is not."""
     cfg = tmp_path / "good.toml"
-    cfg.write_text(GOOD)
+    cfg.write_text(GOOD.replace("nside = 4", "nside = 8"))
     eul = resolve(load(cfg))["eulerian"]
     assert (eul["atom_width"], eul["atom_stalled_width"], eul["atom_join"]) == (1.3, 1.7, 4.0)
     eul = resolve(apply_overrides(load(cfg), ["eulerian.atom_width=2.0"]))["eulerian"]
@@ -161,6 +162,14 @@ def test_atom_rule_defaults(tmp_path):
     with pytest.raises(ConfigError, match="atom_stalled_width"):
         resolve(apply_overrides(load(cfg), ["eulerian.atom_width=2.0", "eulerian.atom_stalled_width=1.7"]))
     assert resolve(apply_overrides(load(cfg), ["eulerian.atom_stalled_width=0"]))["eulerian"]["atom_join"] == 4.0
+    coarse = load(cfg)
+    coarse["eulerian"]["nside"] = 4
+    eul = resolve(coarse)["eulerian"]
+    assert (eul["atom_stalled_width"], eul["atom_join"]) == (0.0, 0.0)
+    eul = resolve(apply_overrides(coarse, ["eulerian.atom_stalled_width=1.7"]))["eulerian"]
+    assert (eul["atom_stalled_width"], eul["atom_join"]) == (1.7, 0.0)
+    with pytest.raises(ConfigError, match=r"\[eulerian\] atom_join: .* 0 by default below nside 8"):
+        resolve(apply_overrides(coarse, ["eulerian.atom_join=4"]))
 
 
 def test_guards_section_defaults_and_values(tmp_path):
