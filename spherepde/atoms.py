@@ -451,10 +451,11 @@ class Atoms:
             split = self._split(f, cand)
         cells, new, mass, moment, exclusive = split
         f[cells] = new
+        joined = {}  # slot → (mass, first moment) of the peaks joining it, summed before one normalisation
         for i, k in enumerate(owner):
             if self.masses[k] > 0 and int(cand[i]) in self._join:
-                if mass[i] > 0:  # direction of m_k x_k + the excess's first moment: exact
-                    self._absorb(k, mass[i], moment[i] / mass[i])
+                jm, jx = joined.get(k, (0.0, np.zeros(3)))
+                joined[k] = (jm + mass[i], jx + moment[i])
             elif self.masses[k] > 0:
                 self.masses[k] += mass[i]  # at the atom (see the module docstring)
             else:
@@ -462,6 +463,12 @@ class Atoms:
                 self.masses[k] = mass[i]
                 self.created[k] = t
                 self.created_count += 1
+        for k, (jm, jx) in joined.items():
+            # direction of m_k x_k + the excesses' first moments: exact, and independent of the
+            # order of the peaks (normalising after each would not be: the mirror-image peaks of a
+            # symmetric state moved the atom off its mirror plane by ~1e-9, measured)
+            if jm > 0:
+                self._absorb(k, jm, jx / jm)
         return int(cand.size)
 
     def feeding_cells(self, x):

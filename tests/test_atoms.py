@@ -213,6 +213,34 @@ def test_a_stalled_peak_beside_a_heavier_atom_joins_it(mesh_factory):
     assert np.linalg.norm(atoms.positions[0] - x0) > 0.01  # it moved toward the peak
 
 
+def test_mirror_image_peaks_joining_one_atom_keep_it_on_the_mirror_plane(mesh_factory):
+    """Two stalled peaks at mirror images z = ±δ join the atom at e₁ in one step: the atom gains
+    both excesses and stays on z = 0 to round-off, whatever order the peaks come in (the moments
+    are summed before one normalisation; normalising after each peak moved it off the plane)."""
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    u = 3.2 * h  # angle of each peak from e₁: beyond a patch, within the join distance 4 h
+    f = sum(gaussian_peak(mesh, [math.cos(u), 0.0, z * math.sin(u)], 1.15 * h, background=0.05, mass=0.2)
+            for z in (1.0, -1.0))
+    div, dt = -2.0 * np.ones(mesh.npix), 0.01
+    atoms = Atoms(mesh)
+    positions = np.full((atoms.capacity, 3), np.nan)
+    positions[0] = [1.0, 0.0, 0.0]
+    masses = np.zeros(atoms.capacity)
+    masses[0] = 0.6
+    created = np.full(atoms.capacity, np.nan)
+    created[0] = 0.0
+    atoms.restore(positions, masses, created, created_count=1)
+    before = f.copy()
+    assert atoms.create(1.0, f, div, before.copy(), dt) == 2
+    assert atoms.count == 1 and atoms.created_count == 1  # both joined the atom
+    e = (before - f) * mesh.area
+    assert atoms.masses[0] == pytest.approx(0.6 + e.sum(), rel=1e-14) and e.sum() > 0.2
+    moment = 0.6 * np.array([1.0, 0.0, 0.0]) + e @ mesh.centroids
+    np.testing.assert_allclose(atoms.positions[0], moment / np.linalg.norm(moment), rtol=0, atol=1e-15)
+    assert abs(atoms.positions[0, 2]) <= 1e-15
+
+
 @pytest.mark.parametrize("atom_mass, distance_cells, join", [
     (0.1, 3.5, 4.0),  # the atom is lighter than the peak: the peak is a cluster of its own
     (0.8, 5.0, 4.0),  # heavier but beyond the join distance
