@@ -465,8 +465,8 @@ class Atoms:
                 self.created_count += 1
         for k, (jm, jx) in joined.items():
             # direction of m_k x_k + the excesses' first moments: exact, and independent of the
-            # order of the peaks (normalising after each would not be: the mirror-image peaks of a
-            # symmetric state moved the atom off its mirror plane by ~1e-9, measured)
+            # order of the peaks (normalising after each would not be: two mirror-image peaks
+            # moved the atom 1.7e-4 off its mirror plane, tests/test_atoms.py)
             if jm > 0:
                 self._absorb(k, jm, jx / jm)
         return int(cand.size)

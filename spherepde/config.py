@@ -470,23 +470,24 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
                           f"got {eul['atom_min_mass']:g}")
     eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
+    given = raw.get("eulerian", {})  # the keys the file sets (defaults below depend on it)
     if nside < STALLED_RULE_MIN_NSIDE:
         # a cell of nside ≤ 4 is ≥ 0.5 rad wide: a peak 1.7 cells wide is a third of a hemisphere,
         # not a cluster (measured: tests/test_layers.py's vMF κ = 3 run made half its mass one atom
         # at t = 0.4 and W₂ to Π#ρ jumped by 0.085; at nside 8 and 16 it makes none). Off unless set.
         for key in ("atom_stalled_width", "atom_join"):
-            if key not in raw.get("eulerian", {}):
+            if key not in given:
                 eul[key] = 0.0
     eul["atom_stalled_width"] = _number("eulerian", "atom_stalled_width", eul["atom_stalled_width"], low=0.0,
                                         high=3.0)
-    if "atom_stalled_width" not in raw.get("eulerian", {}) and eul["atom_stalled_width"] > 0.0:
+    if "atom_stalled_width" not in given and eul["atom_stalled_width"] > 0.0:
         # the default band (atom_width, 1.7] is empty for a wider atom_width: the rule then adds nothing
         eul["atom_stalled_width"] = max(eul["atom_stalled_width"], eul["atom_width"])
     if 0.0 < eul["atom_stalled_width"] < eul["atom_width"]:
         raise ConfigError(f"[eulerian] atom_stalled_width: must be 0 (off) or ≥ atom_width = {eul['atom_width']:g}, "
                           f"got {eul['atom_stalled_width']:g}")
     eul["atom_join"] = _number("eulerian", "atom_join", eul["atom_join"], low=0.0, high=8.0)
-    if eul["atom_join"] > 0.0 and eul["atom_stalled_width"] == 0.0 and "atom_join" in raw.get("eulerian", {}):
+    if eul["atom_join"] > 0.0 and eul["atom_stalled_width"] == 0.0 and "atom_join" in given:
         raise ConfigError(f"[eulerian] atom_join: acts on stalled peaks only, so it needs atom_stalled_width > 0 "
                           f"(got atom_join = {eul['atom_join']:g} with atom_stalled_width = 0; it is 0 by "
                           f"default below nside {STALLED_RULE_MIN_NSIDE})")
@@ -496,7 +497,7 @@ def resolve(raw: dict) -> dict:
     if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
         raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")
     if noisy:
-        if eul["atoms"] and "atoms" in raw.get("eulerian", {}):
+        if eul["atoms"] and "atoms" in given:
             raise ConfigError(f"[eulerian] atoms: point masses do not survive noise ([model] noise = "
                               f"{model['noise']:g} > 0): set atoms = false, the default with noise")
         eul["atoms"] = False
