@@ -2,7 +2,7 @@
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
     spherepde plot RUN.nc [-o DIR] [--movie [--frames N] [--fps F]]
-    spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms)
+    spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms, variants; spherepde.validation.suites)
     spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
 Every failure ends with one line on stderr and an exit status:
@@ -22,10 +22,8 @@ import argparse
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
-SUITES = ("transport", "exact", "lagrangian", "paper", "atoms", "variants")
 EXIT_USAGE, EXIT_GUARD, EXIT_WRITE, EXIT_INTERRUPT, EXIT_TERMINATED = 2, 3, 4, 130, 143
 
 
@@ -41,19 +39,10 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
-def _power_of_two(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"nside must be an integer, got {text!r}") from None
-    if value < 1 or value & (value - 1):
-        raise argparse.ArgumentTypeError(f"nside must be a positive power of two, got {value}")
-    return value
-
-
 def build_parser():
-    from spherepde import __version__
-    from spherepde.plots import DEFAULT_MOVIE_FRAMES
+    from .validation.suites import add_arguments as add_validation_arguments
+    from .version import __version__
+    from .visualization.plots import DEFAULT_MOVIE_FRAMES
 
     parser = argparse.ArgumentParser(prog="spherepde", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,15 +86,7 @@ def build_parser():
                       f"(default {DEFAULT_MOVIE_FRAMES})")
     plot.add_argument("--fps", type=float, default=8.0, metavar="F", help="movie frames per second (default 8)")
 
-    val = sub.add_parser("validate", help="run validation suites and write reports")
-    # no choices= here: argparse checks a '*' positional's default list against them as one value
-    val.add_argument("suites", nargs="*", metavar="SUITE",
-                     help=f"any of: {', '.join(SUITES)} (default: all of them, in that order)")
-    val.add_argument("--out", required=True, help="output directory for reports and figures")
-    val.add_argument("--slow", action="store_true", help="add the finest meshes (nside 128)")
-    val.add_argument("--nside", type=_power_of_two, nargs="+", help="override the mesh list")
-    val.add_argument("--quick", action="store_true",
-                     help="CI-sized runs: meshes 8 and 16 (unless --nside), paper: nside 8, 300 tokens, t <= 8")
+    add_validation_arguments(sub.add_parser("validate", help="run validation suites and write reports"))
 
     sweep = sub.add_parser("sweep", help="run a parameter sweep on dask.distributed, combine its runs")
     sweep.add_argument("sweep_file", metavar="SWEEP.toml", help="sweep file (see solvers/sweeps/)")
@@ -149,7 +130,7 @@ def _check_output_file(path, overwrite, option, resume=False):
 
 
 def _run(args):
-    from spherepde.config import ConfigError, apply_overrides, load, resolve
+    from .runner.config import ConfigError, apply_overrides, load, resolve
 
     try:
         cfg = resolve(apply_overrides(load(args.config), args.set))
@@ -166,10 +147,10 @@ def _run(args):
     if args.check:
         print(f"spherepde run: config OK, output → {path}")
         return 0
-    from spherepde.guards import RunFailure
-    from spherepde.io import RunFileError, WriteError
-    from spherepde.locking import LockError, output_lock
-    from spherepde.run import execute
+    from .runner.run import execute
+    from .solvers.guards import RunFailure
+    from .storage.locking import LockError, output_lock
+    from .storage.runfile import RunFileError, WriteError
 
     def note(text):
         print(f"spherepde: note: {text}", file=sys.stderr)
@@ -200,7 +181,7 @@ def _run(args):
 
 
 def _plot(args):
-    from spherepde.plots import DEFAULT_MOVIE_FRAMES, plot_run
+    from .visualization.plots import DEFAULT_MOVIE_FRAMES, plot_run
 
     frames = DEFAULT_MOVIE_FRAMES if args.frames is None else args.frames
     if frames < 1:
@@ -213,7 +194,7 @@ def _plot(args):
     if not run_file.is_file():
         raise UsageError(f"RUN_FILE {run_file}: no such file")
     out = _check_output_dir(args.out if args.out else run_file.parent, "-o")
-    from spherepde.io import RunFileError
+    from .storage.runfile import RunFileError
 
     try:
         paths = plot_run(run_file, out, movie=args.movie, max_frames=frames, fps=args.fps)
@@ -227,46 +208,18 @@ def _plot(args):
 
 
 def _validate(args):
-    unknown = [name for name in args.suites if name not in SUITES]
-    if unknown:
-        raise UsageError(f"validate: unknown suite {unknown[0]!r} (choose from {', '.join(SUITES)})")
-    args.suites = args.suites or list(SUITES)
+    from .validation.suites import run_all, unknown_suite
+
+    message = unknown_suite(args.suites)
+    if message:
+        raise UsageError(message)
     _check_output_dir(args.out)
-    # --quick: CI-sized meshes for the mesh-convergence suites (the paper suite has its own)
-    nsides = args.nside or ([8, 16] if args.quick else None)
-    for suite in args.suites:
-        start = time.perf_counter()
-        print(f"spherepde validate {suite} → {args.out}", flush=True)
-        if suite == "transport":
-            from validation import transport
-
-            transport.run_suite(args.out, slow=args.slow, nsides=nsides)
-        elif suite == "exact":
-            from validation import exact
-
-            exact.run_suite(args.out, slow=args.slow, nsides=nsides)
-        elif suite == "lagrangian":
-            from validation import lagrangian
-
-            lagrangian.run_suite(args.out, slow=args.slow, nsides=nsides)
-        elif suite == "paper":
-            from validation import paper
-
-            paper.run_suite(args.out, quick=args.quick, slow=args.slow, nsides=args.nside)
-        elif suite == "atoms":
-            from validation import atoms
-
-            atoms.run_suite(args.out, quick=args.quick, slow=args.slow, nsides=args.nside)
-        elif suite == "variants":
-            from validation import variants
-
-            variants.run_suite(args.out, quick=args.quick)
-        print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
+    run_all(args, say=lambda text: print(text, flush=True))
     return 0
 
 
 def _sweep(args):
-    from spherepde.sweep import SweepError, SweepFailure, expand, plan, run_sweep
+    from .runner.sweep import SweepError, SweepFailure, expand, plan, run_sweep
 
     if args.scheduler and args.workers is not None:
         raise UsageError("--workers: the cluster at --scheduler has its own workers")

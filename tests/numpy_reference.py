@@ -1,6 +1,7 @@
 """Plain NumPy reference implementations of the numba kernels (independent, vectorised code)."""
 
 import numpy as np
+from scipy.special import logsumexp
 
 
 def edge_normal_flux(velocity, normals, weights):
@@ -66,7 +67,7 @@ def hardmax_field(targets, B, sources, weights, V):
 
 
 def unresolved_peaks(f, neighbours, centroids, divergence, area, tie=1e-12):
-    """spherepde.atoms.unresolved_peaks with sets: (width σ/h, excess mass, centre, floor, patch
+    """spherepde.solvers.atoms.unresolved_peaks with sets: (width σ/h, excess mass, centre, floor, patch
     as a set of cells) per cell, width inf and mass 0 off the representatives."""
     npix = f.size
     idx = np.arange(npix)
@@ -205,3 +206,23 @@ def clustered_softmax(targets, B, beta, V, centres, log_mass, second, third):
     u = m @ np.asarray(V).T
     v = u - np.sum(targets * u, axis=1, keepdims=True) * targets
     return v, m, top[:, 0] + np.log(z)
+
+
+def random_points(n, seed):
+    x = np.random.default_rng(seed).normal(size=(n, 3))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def reference_field(model, sources, masses, x):
+    """NumPy logsumexp reference (forms T × N arrays: small sizes only)."""
+    logits = model.beta * (x @ model.B) @ sources.T + np.log(masses)[None, :]
+    w = np.exp(logits - logsumexp(logits, axis=1, keepdims=True))
+    m = w @ sources
+    second = np.einsum("tn,ni,nj->tij", w, sources, sources)
+    C = second - np.einsum("ti,tj->tij", m, m)
+    u = m @ model.V.T
+    v = u - np.sum(u * x, axis=1, keepdims=True) * x
+    K = np.einsum("ij,tjk,lk->til", model.V, C, model.B)  # V C Bᵀ
+    tr = np.einsum("tii->t", K) - np.einsum("ti,tij,tj->t", x, K, x)
+    div = model.beta * tr - 2 * np.sum(x * u, axis=1)
+    return v, div, m

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import numba
 import numpy as np
+import pytest
 
-from spherepde.io import open_run
+from spherepde.cli import main
+from spherepde.storage.runfile import open_run
 
 # the test reads files the subprocess writes: no HDF5 file locks
 ENV = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
@@ -79,3 +82,41 @@ def run_config_text(folder, name, text):
     out = folder / f"{name}.nc"
     assert main(["run", str(cfg), "-o", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_numba_thread():
+    """In-process runs on one thread: on a busy machine a parallel region waits for a time slice
+    per kernel call (10× slower). The CLI subprocesses keep every thread, so the comparisons also
+    cover runs made with different thread counts."""
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(threads)
+
+
+def interrupt_after(cfg, out, count, *extra):
+    """Run in-process and raise KeyboardInterrupt once `count` snapshots are written."""
+    class Stop:
+        seen = 0
+
+        def write(self, text):
+            if text.startswith("snapshot"):
+                Stop.seen += 1
+                if Stop.seen == count:
+                    raise KeyboardInterrupt
+            return len(text)
+
+        def flush(self):
+            pass
+
+        def isatty(self):
+            return False
+
+    stderr = sys.stderr
+    sys.stderr = Stop()
+    try:
+        status = main(["run", str(cfg), "-o", str(out), "-v", *extra])
+    finally:
+        sys.stderr = stderr
+    assert status == 130

@@ -1,7 +1,10 @@
 """The command line: the transport validation writes its report; bad input exits with status 2."""
 
+import importlib
 import subprocess
 import sys
+
+import pytest
 
 from spherepde.cli import main
 
@@ -42,7 +45,7 @@ def test_validate_exact_small(tmp_path):
     """The exact suite runs end to end on tiny meshes; the facts that hold at any resolution are
     checked on its results: mesh reflections are symmetries of the run, mass is conserved, f ≥ 0,
     and min f_t stays above the a-posteriori bound up to the discretisation error."""
-    from validation import exact
+    from spherepde.validation import exact
 
     out = tmp_path / "exact"
     r = exact.run_suite(out, nsides=[4, 8], progress=False)
@@ -69,7 +72,7 @@ def test_validate_lagrangian_small(tmp_path):
     (W₂ = 0 at t = 0) and the gap shrinks from nside 4 to 8."""
     import math
 
-    from validation import lagrangian
+    from spherepde.validation import lagrangian
 
     r = lagrangian.run_suite(tmp_path, nsides=[4, 8], betas=(math.inf,), progress=False)
     text = (tmp_path / "lagrangian.md").read_text()
@@ -81,41 +84,47 @@ def test_validate_lagrangian_small(tmp_path):
 
 
 def test_validate_without_suites_means_all_of_them(monkeypatch, tmp_path):
-    """`spherepde validate --out DIR` runs every suite, in the order of SUITES."""
+    """`spherepde validate --out DIR` runs every default suite of the registry, in its order; a
+    suite named alone runs alone (also one that is part of the variants suite)."""
     import spherepde.cli as cli
+    from spherepde.validation.suites import DEFAULT, SUITES
 
     ran = []
 
     def fake(suite):
         return lambda out, **kw: ran.append(suite)
 
-    import validation.atoms
-    import validation.exact
-    import validation.lagrangian
-    import validation.paper
-    import validation.transport
-    import validation.variants
-
-    for name in cli.SUITES:
-        monkeypatch.setattr(getattr(validation, name), "run_suite", fake(name))
+    for name in SUITES:
+        monkeypatch.setattr(importlib.import_module(f"spherepde.validation.{name}"), "run_suite", fake(name))
     assert cli.main(["validate", "--out", str(tmp_path / "all")]) == 0
-    assert ran == list(cli.SUITES)
+    assert ran == list(DEFAULT) == ["transport", "exact", "lagrangian", "paper", "atoms", "variants"]
     ran.clear()
-    assert cli.main(["validate", "atoms", "--out", str(tmp_path / "one")]) == 0
-    assert ran == ["atoms"]
+    assert cli.main(["validate", "atoms", "noise", "--out", str(tmp_path / "one")]) == 0
+    assert ran == ["atoms", "noise"]
+
+
+def test_validation_main_uses_the_same_registry(monkeypatch, tmp_path):
+    """`python -m spherepde.validation` takes the same arguments and suites as `spherepde validate`."""
+    from spherepde.validation import suites
+
+    ran = []
+    monkeypatch.setattr(importlib.import_module("spherepde.validation.transport"), "run_suite",
+                        lambda out, **kw: ran.append(kw))
+    assert suites.main(["transport", "--quick", "--out", str(tmp_path)]) == 0
+    assert ran == [{"slow": False, "nsides": [8, 16], "progress": True}]
+    with pytest.raises(SystemExit) as info:
+        suites.main(["nonsense", "--out", str(tmp_path)])
+    assert info.value.code == 2
 
 
 def test_variants_suite_runs_every_variant_and_lists_their_reports(tmp_path, monkeypatch):
-    import validation.heads
-    import validation.noise
-    import validation.unnormalised
-    import validation.variants
+    from spherepde.validation import variants
 
     ran = []
     for name in ("heads", "noise", "unnormalised"):
-        monkeypatch.setattr(getattr(validation, name), "run_suite",
-                            lambda out, quick=False, progress=True, name=name: ran.append((name, quick)))
-    path = validation.variants.run_suite(tmp_path, quick=True, progress=False)
+        monkeypatch.setattr(importlib.import_module(f"spherepde.validation.{name}"), "run_suite",
+                            lambda out, quick=False, progress=True, name=name, **_: ran.append((name, quick)))
+    path = variants.run_suite(tmp_path, quick=True, progress=False)
     assert sorted(ran) == [("heads", True), ("noise", True), ("unnormalised", True)]
     text = path.read_text()
     for report in ("heads.md", "noise.md", "unnormalised.md"):

@@ -1,10 +1,10 @@
-"""The attention summation (spherepde/summation) is layered: every module imports only from layers
-below its own (fastmath ← kernels ← the sums ← field ← __init__), the sums never import each
-other, and the rest of spherepde may be imported only where the summation needs its geometry.
-The checker parses the import statements (module-level and inside functions) with ast."""
+"""spherepde is layered: each subpackage imports only from those below it, siblings of one layer
+never import each other, and inside the summation the modules are layered too (fastmath ←
+kernels ← the sums ← field and heads ← __init__). The checker parses every import statement
+(module-level and inside functions) with ast. No module imports another module's private names.
+"""
 
 import ast
-import importlib
 from pathlib import Path
 
 import pytest
@@ -12,28 +12,28 @@ import pytest
 import spherepde
 
 PACKAGE = Path(spherepde.__file__).parent
-SUMMATION = PACKAGE / "summation"
-# layer of every module of spherepde/summation: a module may import only strictly lower layers
-LAYERS = {"fastmath": 0, "kernels": 1, "direct": 2, "tree": 2, "harmonic": 2, "near_field": 2, "points": 2, "clustered": 2,
-          "field": 3,
-          "__init__": 4}
-# what the summation may import from the rest of spherepde (geometry and the model, not the solvers)
-OUTSIDE = {"spherepde.mesh", "spherepde.model"}
-# the former flat modules, now re-exports of spherepde.summation (solvers must not use them)
-SHIMS = {"attention": "field", "harmonic_sum": "harmonic", "tree_sum": "tree", "near_field": "near_field",
-         "fastmath": "fastmath"}
+# rank of every top-level module and subpackage of spherepde: a module may import only from
+# strictly lower ranks and from its own subpackage (equal ranks: siblings that must not meet)
+PACKAGES = {"version": 0, "geometry": 1, "models": 2, "summation": 3, "transport": 3, "storage": 4,
+            "solvers": 5, "analysis": 6, "visualization": 7, "runner": 8, "validation": 9, "cli": 10,
+            "__main__": 11, "__init__": 11}
+# inside spherepde/summation: the same rule between its modules
+SUMMATION = {"fastmath": 0, "kernels": 1, "direct": 2, "tree": 2, "harmonic": 2, "near_field": 2, "points": 2,
+             "clustered": 2, "field": 3, "heads": 4, "__init__": 5}
 
 
 def imported_modules(path, package):
-    """The absolute names of the modules that the file imports (at any depth of its code); package:
-    the dotted name of the package that holds it (its folder), for the relative imports.
-    `from P import name` counts as importing P.name where that is a module, else P."""
+    """The absolute names of the modules that the file imports (at any depth of its code) with the
+    names taken from each: {module: {name, ...}} (an empty set for `import module`). package: the
+    dotted name of the package that holds the file, for the relative imports. `from P import
+    name` counts as importing the module P.name where that is a module, else P."""
     path = Path(path)
     root = path.parents[len(package.split("."))]  # the folder that holds the top-level package
-    found = set()
+    found = {}
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            for alias in node.names:
+                found.setdefault(alias.name, set())
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 parts = package.split(".")
@@ -43,110 +43,117 @@ def imported_modules(path, package):
                 module = node.module
             folder = root.joinpath(*module.split("."))
             for alias in node.names:
-                is_module = (folder / f"{alias.name}.py").is_file() or (folder / alias.name).is_dir()
-                found.add(f"{module}.{alias.name}" if is_module else module)
+                if (folder / f"{alias.name}.py").is_file() or (folder / alias.name).is_dir():
+                    found.setdefault(f"{module}.{alias.name}", set())
+                else:
+                    found.setdefault(module, set()).add(alias.name)
     return found
 
 
-def layering_violations(folder, package, layers, outside):
-    """Messages for every import of the modules in folder (package: their dotted package name) that
-    breaks the layering: a module missing from layers, an import of the same or a higher layer, two
-    modules importing each other, an import from package's parent other than `outside`."""
-    parent = package.rsplit(".", 1)[0]
-    graph = {}
+def package_violations(root, top, packages, inner=None):
+    """Messages for every import inside the package folder `root` (dotted name `top`) that breaks
+    the layering `packages` (rank of each subpackage or top-level module), the inner layering of
+    subpackages (inner: {subpackage: {module: rank}}), or imports a private name of another module."""
+    inner = inner or {}
     problems = []
-    for path in sorted(Path(folder).glob("*.py")):
-        name = path.stem
-        if name not in layers:
-            problems.append(f"{name}: no layer assigned")
+    root = Path(root)
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).with_suffix("")
+        unit = rel.parts[0]
+        if unit not in packages:
+            problems.append(f"{'/'.join(rel.parts)}: {unit} has no layer")
             continue
-        graph[name] = set()
-        for module in imported_modules(path, package):
-            if module == package:
-                graph[name].add("__init__")
-            elif module.startswith(package + "."):
-                graph[name].add(module[len(package) + 1:].split(".")[0])
-            elif module.startswith(parent + ".") and module not in outside:
-                problems.append(f"{name} imports {module} (outside the summation: only {sorted(outside)})")
-    for name, deps in sorted(graph.items()):
-        for dep in sorted(deps - {name}):
-            if name < dep and name in graph.get(dep, ()):
-                problems.append(f"{name} and {dep} import each other")
-            if dep in layers and layers[dep] >= layers[name]:
-                problems.append(f"{name} (layer {layers[name]}) imports {dep} (layer {layers[dep]})")
+        package = ".".join((top, *rel.parts[:-1]))
+        here = ".".join((top, *rel.parts)).removesuffix(".__init__")
+        for module, names in sorted(imported_modules(path, package).items()):
+            if module != top and not module.startswith(top + "."):
+                continue
+            parts = module.split(".")[1:] or ["__init__"]
+            target = parts[0]
+            private = sorted(n for n in names if n.startswith("_") and not n.startswith("__"))
+            if private and module != here:
+                problems.append(f"{here} imports private {', '.join(private)} from {module}")
+            if target not in packages:
+                continue
+            if target != unit:
+                if packages[target] >= packages[unit]:
+                    problems.append(f"{here} (layer {unit}) imports {module} (layer {target})")
+                continue
+            ranks = inner.get(unit)
+            if ranks is None or len(rel.parts) < 2:
+                continue
+            mine = rel.parts[1] if len(rel.parts) > 1 else "__init__"
+            theirs = parts[1] if len(parts) > 1 else "__init__"
+            if mine not in ranks:
+                problems.append(f"{here}: no layer inside {unit}")
+            elif theirs in ranks and theirs != mine and ranks[theirs] >= ranks[mine]:
+                problems.append(f"{here} (layer {ranks[mine]}) imports {module} (layer {ranks[theirs]})")
     return problems
 
 
-def test_summation_is_layered():
-    assert layering_violations(SUMMATION, "spherepde.summation", LAYERS, OUTSIDE) == []
+def test_spherepde_is_layered():
+    assert package_violations(PACKAGE, "spherepde", PACKAGES, {"summation": SUMMATION}) == []
 
 
-def test_every_summation_module_has_a_docstring():
-    for path in SUMMATION.glob("*.py"):
-        assert ast.get_docstring(ast.parse(path.read_text())), path.name
+def test_every_module_has_a_docstring():
+    for path in PACKAGE.rglob("*.py"):
+        assert ast.get_docstring(ast.parse(path.read_text())), path.relative_to(PACKAGE)
 
 
-def write_package(folder, files):
-    folder.mkdir(parents=True)
+def test_every_folder_is_a_package_with_a_layer():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert folders | modules == set(PACKAGES) - {"__main__"} | ({"__main__"} & modules)
+    for folder in folders:
+        assert (PACKAGE / folder / "__init__.py").is_file(), folder
+
+
+def write_tree(root, files):
     for name, text in files.items():
-        (folder / f"{name}.py").write_text(text)
-    return folder
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+CLEAN = {"__init__.py": '"""pkg"""\nfrom .high.api import f\n',
+         "low/__init__.py": "", "low/a.py": "import math\n", "low/b.py": "from .a import x\n",
+         "mid/__init__.py": "", "mid/m.py": "from ..low.a import x\nfrom pkg.low import b\n",
+         "side/__init__.py": "", "side/s.py": "from ..low.b import y\n",
+         "high/__init__.py": "", "high/api.py": "from ..mid.m import g\nfrom ..side import s\n"}
+RANKS = {"low": 0, "mid": 1, "side": 1, "high": 2, "__init__": 3}
 
 
 @pytest.mark.parametrize("bad, expected", [
-    ({"low": "from .high import f\n"}, "low (layer 0) imports high (layer 2)"),
-    ({"low": "def g():\n    from . import high\n"}, "low (layer 0) imports high (layer 2)"),
-    ({"mid": "from .other import f\n"}, "mid (layer 1) imports other (layer 1)"),
-    ({"low": "from pkg.sub import high\n"}, "low (layer 0) imports high (layer 2)"),
-    ({"low": "import pkg.solver\n"}, "low imports pkg.solver (outside the summation"),
-    ({"low": "from .high import f\n", "high": "from .low import g\n"}, "high and low import each other"),
-    ({"extra": "x = 1\n"}, "extra: no layer assigned"),
+    ({"low/a.py": "from ..high.api import f\n"}, "pkg.low.a (layer low) imports pkg.high.api (layer high)"),
+    ({"low/a.py": "def g():\n    from ..mid import m\n"}, "pkg.low.a (layer low) imports pkg.mid.m (layer mid)"),
+    ({"mid/m.py": "from pkg.side.s import y\n"}, "pkg.mid.m (layer mid) imports pkg.side.s (layer side)"),
+    ({"low/a.py": "import pkg\n"}, "pkg.low.a (layer low) imports pkg (layer __init__)"),
+    ({"mid/m.py": "from ..low.a import _hidden\n"}, "pkg.mid.m imports private _hidden from pkg.low.a"),
+    ({"extra/__init__.py": ""}, "extra/__init__: extra has no layer"),
 ])
 def test_the_checker_finds_bad_imports(tmp_path, bad, expected):
-    """The checker on a synthetic package pkg.sub (low ← mid, other ← high): clean as written,
-    and each deliberately bad import is reported."""
-    files = {"__init__": '"""pkg.sub"""\nfrom .high import f\n',
-             "low": "import math\nfrom pkg.geometry import h\n",
-             "mid": "from .low import g\n", "other": "from . import low\n", "high": "from .mid import f\n"}
-    layers = {"__init__": 3, "low": 0, "mid": 1, "other": 1, "high": 2}
-    clean = write_package(tmp_path / "clean" / "pkg" / "sub", files)
-    assert layering_violations(clean, "pkg.sub", layers, {"pkg.geometry"}) == []
-    broken = {name: files.get(name, "") + text for name, text in bad.items()}
-    broken = write_package(tmp_path / "broken" / "pkg" / "sub", {**files, **broken})
-    problems = layering_violations(broken, "pkg.sub", layers, {"pkg.geometry"})
-    assert any(p.startswith(expected) for p in problems), problems
+    """The checker on a synthetic package pkg (low ← mid, side ← high): clean as written, and each
+    deliberately bad import is reported."""
+    clean = write_tree(tmp_path / "clean" / "pkg", CLEAN)
+    assert package_violations(clean, "pkg", RANKS) == []
+    broken = write_tree(tmp_path / "broken" / "pkg", {**CLEAN, **bad})
+    problems = package_violations(broken, "pkg", RANKS)
+    assert expected in problems, problems
 
 
-def test_the_real_package_fails_with_an_upward_import(tmp_path):
-    """A copy of spherepde/summation whose kernels import the dispatcher is reported."""
-    copy = tmp_path / "spherepde" / "summation"
-    copy.mkdir(parents=True)
-    for path in SUMMATION.glob("*.py"):
-        (copy / path.name).write_text(path.read_text())
-    with (copy / "kernels.py").open("a") as f:
-        f.write("\n\ndef late():\n    from .field import attention_field\n    return attention_field\n")
-    problems = layering_violations(copy, "spherepde.summation", LAYERS, OUTSIDE)
-    assert problems == ["field and kernels import each other", "kernels (layer 1) imports field (layer 3)"]
-
-
-@pytest.mark.parametrize("shim, home", sorted(SHIMS.items()))
-def test_former_modules_reexport_the_summation(shim, home):
-    """spherepde.attention etc. hold no code: every public name is the object of spherepde.summation."""
-    old = importlib.import_module(f"spherepde.{shim}")
-    new = importlib.import_module(f"spherepde.summation.{home}")
-    summation = importlib.import_module("spherepde.summation")
-    for name in old.__all__:
-        assert getattr(old, name) is getattr(new, name, getattr(summation, name, None)), name
-    tree = ast.parse((PACKAGE / f"{shim}.py").read_text())
-    assert all(isinstance(n, (ast.Expr, ast.ImportFrom, ast.Assign)) for n in tree.body), shim
-
-
-def test_the_rest_of_spherepde_imports_the_summation_not_the_shims():
+def test_the_real_package_fails_with_a_planted_upward_import(tmp_path):
+    """A copy of spherepde whose mesh imports the Eulerian solver, and whose kernels import the
+    summation's dispatcher, is reported twice: once between packages, once inside one."""
+    copy = tmp_path / "spherepde"
     for path in PACKAGE.rglob("*.py"):
-        if path.parent == PACKAGE and path.stem in SHIMS:
-            continue
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        package = ".".join(rel.parts[:-1])
-        used = {m for m in imported_modules(path, package)
-                for shim in SHIMS if m == f"spherepde.{shim}"}
-        assert not used, (path, used)
+        target = copy / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text())
+    with (copy / "geometry" / "mesh.py").open("a") as f:
+        f.write("\n\ndef late():\n    from ..solvers.eulerian import EulerianSolver\n    return EulerianSolver\n")
+    with (copy / "summation" / "kernels.py").open("a") as f:
+        f.write("\n\ndef late():\n    from .field import attention_field\n    return attention_field\n")
+    problems = package_violations(copy, "spherepde", PACKAGES, {"summation": SUMMATION})
+    assert problems == ["spherepde.geometry.mesh (layer geometry) imports spherepde.solvers.eulerian (layer solvers)",
+                        "spherepde.summation.kernels (layer 1) imports spherepde.summation.field (layer 3)"]

@@ -40,9 +40,9 @@ QUICK_START = (INSTALL + "spherepde run solvers/quickstart.toml && spherepde plo
 TEST_COMMAND = "python -m pip install -e '.[test]' && python -m pytest"
 # README command → how it is run: "default" (this file, default suite: the quick start, and
 # commands on its run file RUN.nc), "slow" (this file, slow marker: minutes to hours of compute),
-# "ci" (.ci/run), "readers" (tests/test_file_readers.py runs the same CDO operators, marker readers)
+# "ci" (.ci/run), "readers" (tests/storage/test_file_readers.py runs the same CDO operators, marker readers)
 HOW = {QUICK_START: "default", TEST_COMMAND: "ci"}
-SLOW_PREFIXES = ("spherepde validate ", "spherepde run ", "python -m validation.")
+SLOW_PREFIXES = ("spherepde validate ", "spherepde run ", "python -m spherepde.validation.")
 
 
 def how_run(command):
@@ -57,7 +57,7 @@ def how_run(command):
     return None
 
 
-READER_TESTS = re.sub(r"hp\{\w+\}", "hp", (ROOT / "tests" / "test_file_readers.py").read_text())
+READER_TESTS = re.sub(r"hp\{\w+\}", "hp", (ROOT / "tests" / "storage" / "test_file_readers.py").read_text())
 
 
 def cdo_operators(command):

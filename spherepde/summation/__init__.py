@@ -9,16 +9,23 @@ Layers, each importing only from those below it (tests/test_layering.py checks t
                  the sums side by side: direct O(N·T), tree pruning, Funk–Hecke expansion, the
                  near-field cell integrals, a few point sources added exactly to a finished
                  sum (the atoms' split sums), and tight groups of sources as one term each
-                 (concentrated tokens)                 (import kernels, fastmath, spherepde.mesh)
+                 (concentrated tokens)                 (import kernels, fastmath, spherepde.geometry.mesh)
     kernels      shared numba kernels: source arrays, block maxima and moments, finishing
     fastmath     the vectorisable exp / exp2 and maxnum of the kernels
 
-The solvers (spherepde.eulerian, spherepde.particles) and validation/ sit on top and import from
+The solvers (spherepde.solvers.eulerian, spherepde.solvers.particles) and validation/ sit on top and import from
 here.
 """
 
 from .direct import softmax_blocked, softmax_direct_reference, zero_temperature_field
-from .field import DEFAULT_TOL, METHODS, AttentionField, attention_field, choose_method, mesh_sources
+from .field import (
+           DEFAULT_TOL,
+           METHODS,
+           AttentionField,
+           attention_field,
+           choose_method,
+           mesh_sources,
+)
 from .kernels import project_velocity, source_arrays
 from .near_field import NearField, table_bytes
 

@@ -31,8 +31,16 @@ import numpy as np
 from numba import njit, prange
 
 from .fastmath import LOG2E
-from .kernels import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
-                      add_near_field, kernel_direction, store_log_partition)
+from .kernels import (
+    SHIFT_SLACK,
+    add_near_field,
+    block_max,
+    block_moments1,
+    block_moments2,
+    finish_target,
+    kernel_direction,
+    store_log_partition,
+)
 
 __all__ = ["softmax_blocked", "softmax_direct_reference", "zero_temperature_field", "TARGET_BLOCK",
            "SOURCE_BLOCK"]
@@ -81,7 +89,7 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
             # is ≥ that of the sample. Shifting by the sample maximum costs an absolute rounding
             # error ε·(max − shift) in the exponents: allow it only up to SHIFT_SLACK
             upper = norm * rmax - (a0 * h[t, 0] + a1 * h[t, 1] + a2 * h[t, 2])
-            lower = _block_max(a0, a1, a2, h[t, 0], h[t, 1], h[t, 2], sample[0], sample[1],
+            lower = block_max(a0, a1, a2, h[t, 0], h[t, 1], h[t, 2], sample[0], sample[1],
                                sample[2], sample[3])
             shift[t] = lower
             if upper - lower > SHIFT_SLACK:
@@ -92,7 +100,7 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
                 s1 = min(s0 + SOURCE_BLOCK, nsource)
                 for t in range(nt):
                     if exact[t]:
-                        shift[t] = max(shift[t], _block_max(
+                        shift[t] = max(shift[t], block_max(
                             a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
                             ys0[s0:s1], ys1[s0:s1], ys2[s0:s1], lws[s0:s1]))
         for s0 in range(0, nsource, SOURCE_BLOCK):
@@ -103,19 +111,19 @@ def softmax_blocked(targets, BT, beta, soa, sample, rmax, V, want_div, velocity,
             lw = lws[s0:s1]
             for t in range(nt):
                 if want_div:
-                    r2 = _block_moments2(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
+                    r2 = block_moments2(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
                                          -shift[t], y0, y1, y2, lw)
                     for k in range(10):
                         mom[t, k] += r2[k]
                 else:
-                    r1 = _block_moments1(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
+                    r1 = block_moments1(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
                                          -shift[t], y0, y1, y2, lw)
                     for k in range(4):
                         mom[t, k] += r1[k]
         for t in range(nt):
             i = i0 + t
             top = add_near_field(i, mom[t], nmom, shift[t], near_cells, near_delta, log2_factor)
-            _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
+            finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
                            h[t, 2], mom[t], BT, beta, V, want_div, velocity, divergence, mean)
             store_log_partition(i, logz, mom[t, 0], top + anorm[t], ln_top)
 
@@ -173,7 +181,7 @@ def softmax_direct_reference(targets, BT, beta, sources, log_mass, V, want_div, 
                 c12 += e * y1 * y2
                 c22 += e * y2 * y2
         # no centring here (â = 0): the moments are the raw Σ e y and Σ e y yᵀ
-        _finish_target(i, x0, x1, x2, 0.0, 0.0, 0.0, (z, s0, s1, s2, c00, c01, c02, c11, c12, c22),
+        finish_target(i, x0, x1, x2, 0.0, 0.0, 0.0, (z, s0, s1, s2, c00, c01, c02, c11, c12, c22),
                        BT, beta, V, want_div, velocity, divergence, mean)
         if logz.size:
             logz[i] = math.log(z) + shift

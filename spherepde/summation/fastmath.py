@@ -1,7 +1,7 @@
 """A vectorisable exponential (and float max) for numba kernels.
 
 numba without SVML turns math.exp in a loop into a scalar libm call (~17 ns for large negative
-arguments, DESIGN.md §2), which also keeps LLVM from vectorising the loop. The functions here are
+arguments, docs/theory.md#formulas-and-exact-solutions), which also keeps LLVM from vectorising the loop. The functions here are
 straight-line arithmetic (no calls, no branches), so a loop that calls them vectorises.
 
     e^x = 2^u, u = x·log₂e = k + f, k = round(u), |f| ≤ ½,    2^u = 2^k · 2^f

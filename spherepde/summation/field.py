@@ -10,7 +10,7 @@ second-order quadrature of the density) and a target point x:
     div_S v(x) = β tr(P_x V C_x Bᵀ) − 2⟨x, V m_β(x)⟩
 
 The divergence follows from div_S P_x(u) = tr(P_x ∇u) − 2⟨x, u⟩ with ∇m_β = β C_x Bᵀ
-(DESIGN.md §2). Exponents are shifted by their maximum over the sources with positive mass,
+(docs/theory.md#formulas-and-exact-solutions). Exponents are shifted by their maximum over the sources with positive mass,
 max_j (β⟨Bᵀx, y_j⟩ + log μ_j), so the largest term is exactly 1: no overflow and no 0/0 for any β.
 
 At β = ∞ the field is local: v(x) = P_x(M x)/|Bᵀx| with M = VBᵀ and
@@ -46,7 +46,14 @@ import numpy as np
 
 from . import clustered, direct, harmonic, tree
 from .fastmath import LOG2E
-from .kernels import _EXP2_LIMIT, no_log_partition, no_near_field, source_arrays, unnormalise, write_back
+from .kernels import (
+    EXP2_LIMIT,
+    no_log_partition,
+    no_near_field,
+    source_arrays,
+    unnormalise,
+    write_back,
+)
 from .near_field import NearField, table_bytes
 
 __all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "AttentionField", "mesh_sources",
@@ -130,7 +137,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     there is no partition function: the array is filled with NaN. Not asking costs nothing (the
     kernels skip the store).
     may_cluster: let "auto" try the clustered sums (grouping costs O(N log N) per call): for sources
-    that can concentrate, the tokens of spherepde.particles; mesh cells never do.
+    that can concentrate, the tokens of spherepde.solvers.particles; mesh cells never do.
     added_log_partition: None, or per target (T,) ln Z_add of point sources the caller adds to
     these sums exactly afterwards (spherepde.summation.points: the atoms of split sums). The
     harmonic sums then hold each target to tol relative to Z + Z_add, the partition function of
@@ -174,7 +181,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     BT = np.ascontiguousarray(model.B.T)
     # the fast kernels' exponents λ + ⟨a, y − â⟩ − shift are bounded by 2|a|(r_max + 1) + max|λ|
     bound = 2.0 * model.beta * LOG2E * np.linalg.norm(BT, 2) * (rmax + 1.0) - soa[3].min()
-    if bound >= _EXP2_LIMIT:  # absurd β (> ~10¹⁴): the reference kernel has no range limit
+    if bound >= EXP2_LIMIT:  # absurd β (> ~10¹⁴): the reference kernel has no range limit
         method = "reference"
         masses = np.asarray(masses, dtype=float)
         with np.errstate(divide="ignore"):
@@ -321,7 +328,7 @@ class AttentionField:
     def __call__(self, f, want_div=False, points=None, point_masses=None, log_partition=None,
                  added_log_partition=None):
         """The field of the cell densities f (and of point masses at points (n, 3), the atoms of
-        spherepde.atoms: exact point sources, appended after the cells). log_partition: None, or
+        spherepde.solvers.atoms: exact point sources, appended after the cells). log_partition: None, or
         an array (T,) that receives log Z(x) = ln(∫ e^{β⟨Bᵀx, y⟩} f dA + Σ_k m_k e^{β⟨Bᵀx, x_k⟩})
         at the targets; added_log_partition: that of point sources added later (attention_field)."""
         self.stats.pop("handed_back", None)

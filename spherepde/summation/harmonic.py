@@ -50,7 +50,7 @@ multiply-adds than summing each moment. The targets still over budget get a seco
 pixels half as wide (|w| halved: their terms span e^{|w|} less; TILT_LEVELS). What is still over
 budget after that is handed to the caller, spherepde.summation.field, which re-sums it by the
 tree where that pays (field.FALLBACK_TREE_CAP_FRACTION), else directly. Measured on the
-quick-start run refined to nside 128 (validation.concentrated_cost): at
+quick-start run refined to nside 128 (spherepde.validation.concentrated_cost): at
 t = 6 (density 2e-11 … 150) one evaluation at the 786 432 edge points took 3.8 s with one level
 and 4 % of the targets left to the tree, against 30 s with 82 % without the tilted regions.
 L is the smallest degree whose tail is below TAIL_FRACTION·tol, L ≈ √(70 κ_max): the cost grows with
@@ -67,7 +67,13 @@ import numpy as np
 import scipy.sparse
 from numba import get_num_threads, njit, prange
 
-from .kernels import _SUMS, _finish_target, kernel_direction, no_log_partition, write_back
+from .kernels import (
+    SUMS,
+    finish_target,
+    kernel_direction,
+    no_log_partition,
+    write_back,
+)
 
 __all__ = ["harmonic_degree", "harmonic_softmax", "scaled_bessel", "harmonic_row"]
 
@@ -155,7 +161,7 @@ def work_arrays(L):
     return np.zeros((2, L + 1 + PAD)), np.zeros((3, L + 1 + PAD))
 
 
-@njit(cache=True, fastmath=_SUMS)
+@njit(cache=True, fastmath=SUMS)
 def harmonic_row(x0, x1, x2, L, qmm, a, b, wl, trig, q, row):
     """Real orthonormal spherical harmonics of the unit vector x at all degrees ≤ L, each
     multiplied by the degree weight wl[ℓ], degree-major in two halves (n = (L + 1)(L + 2)/2 + PAD):
@@ -242,7 +248,7 @@ GROUP = 4  # points whose harmonics are contracted together (4 × 4 sums held in
 BLOCK = 16  # targets per parallel work item (a multiple of GROUP)
 
 
-@njit(cache=True, fastmath=_SUMS)
+@njit(cache=True, fastmath=SUMS)
 def _contract4(rows, coef_t, q0, mom, t0):
     """mom[q0 + r, t0 + s] = Σ_k rows[s, k]·coef_t[q0 + r, k] for r, s < 4: four points against four
     moments, k innermost, 16 sums in registers (one load per 4 multiply-adds)."""
@@ -301,7 +307,7 @@ def _contract4(rows, coef_t, q0, mom, t0):
     mom[q0 + 3, t0 + 3] = s33
 
 
-@njit(cache=True, fastmath=_SUMS)
+@njit(cache=True, fastmath=SUMS)
 def _accumulate4(rows, g, coef_t):
     """coef_t[q, k] += Σ_s g[q, s]·rows[s, k] for four sources s, four moments q at a time
     (k innermost: each row value is loaded once per four moments)."""
@@ -470,7 +476,7 @@ def _evaluate(targets, coef_t, L, qmm, a, b, err, noise, rounding, tol, BT, beta
                     fallback[i] = 1
                     continue
                 fallback[i] = 0
-                _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], 0.0, 0.0, 0.0, momt, BT,
+                finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], 0.0, 0.0, 0.0, momt, BT,
                                beta, V, want_div, velocity, divergence, mean)
                 if logz.size:
                     logz[i] = math.log(momt[0]) + kappa + log_offset
@@ -585,7 +591,7 @@ class _RegionCache(threading.local):
     and the cell evaluations of one velocity refresh sum the same density over largely the same
     regions (the cells' are nearly always among the edges'), so the second pays only for new
     regions. Keyed by the sources and the masses (compared by value), then by the model (β, B:
-    the heads of a multi-head model, spherepde.heads, each keep theirs for the same measure, so
+    the heads of a multi-head model, spherepde.models.heads, each keep theirs for the same measure, so
     that H heads cost H single-head sums), then by region level, degree and pixel. A new measure
     drops every model's rows. Per thread (sweeps may run solvers in threads)."""
 

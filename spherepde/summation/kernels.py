@@ -2,7 +2,7 @@
 
 The direct sum (spherepde.summation.direct) and the tree (spherepde.summation.tree) sum the
 softmax weights in base 2, centred, over blocks of sources with the kernels here; the harmonic
-expansion (spherepde.summation.harmonic) finishes its moments with the same _finish_target.
+expansion (spherepde.summation.harmonic) finishes its moments with the same finish_target.
 
 - sources become a structure of arrays (y₀, y₁, y₂, λ) once per call (source_arrays),
   λ_j = log₂(μ_j / max μ) ≤ 0 (μ_j the masses: any positive unit, only ratios enter); empty
@@ -11,20 +11,20 @@ expansion (spherepde.summation.harmonic) finishes its moments with the same _fin
   with the centred exponents e_j = λ_j + ⟨a, y_j − â⟩ (they differ from λ_j + ⟨a, y_j⟩ by a
   constant) and the vectorised exp2 of spherepde.summation.fastmath (≤ 1 ulp, exactly 0 below
   2^−957.5). Centring makes the rounding error of an exponent ~ε|a||y_j − â| instead of ~ε|a|:
-  the heavy weights of a large β sit near â. The moments are centred too (_block_moments1/2),
+  the heavy weights of a large β sit near â. The moments are centred too (block_moments1/2),
   m = â + Σw d/Σw and C = Σw d dᵀ/Σw − (m − â)(m − â)ᵀ with d = y − â, which removes most of
-  the cancellation in C at large β (_finish_target);
+  the cancellation in C at large β (finish_target);
 - shift: a rounding error of relative size ε in the exponents becomes an absolute one of
   ε·|e_j − shift|, so the shift must be close to the true maximum, not just above it. The
   maximum over a sample (every SAMPLE_STRIDE-th source and a heaviest one, 3 % of the sources)
-  bounds it from below (_block_max over the sample), e_j ≤ |a| r_max − ⟨a, â⟩ (r_max = max |y_j|,
+  bounds it from below (block_max over the sample), e_j ≤ |a| r_max − ⟨a, â⟩ (r_max = max |y_j|,
   λ ≤ 0) from above. When the two are within SHIFT_SLACK = 64 the sample maximum is the shift:
   one pass, weights in (0, 2⁶⁴], and the exponents lose at most 64ε. Otherwise (large β|Bᵀx| or
   mass concentrated between sample points) an exact max pass over all sources comes first;
-- the sums are compiled with fastmath contract/reassoc/nsz (_SUMS: FMAs, vectorised reductions)
+- the sums are compiled with fastmath contract/reassoc/nsz (SUMS: FMAs, vectorised reductions)
   but not nnan/ninf: the inputs are finite and IEEE semantics stay intact.
 
-_finish_target turns the moments into the outputs (per unit time; V, B dimensionless):
+finish_target turns the moments into the outputs (per unit time; V, B dimensionless):
 
     m_β = â + Σw d/z,   v = P_x(V m_β),   div_S v = β tr(P_x V C Bᵀ) − 2⟨x, V m_β⟩,
 
@@ -67,8 +67,8 @@ __all__ = ["source_arrays", "kernel_direction", "project_velocity", "add_near_fi
 
 SHIFT_SLACK = 64.0  # base-2 units: one pass when the sampled maximum is within 2⁶⁴ of the bound
 SAMPLE_STRIDE = 32  # every 32nd source (and the heaviest) estimates the maximum exponent
-_EXP2_LIMIT = 2.0**49  # exp2_weight needs |exponent| < 2⁵⁰
-_SUMS = {"contract", "reassoc", "nsz"}  # no nnan/ninf: keep IEEE semantics
+EXP2_LIMIT = 2.0**49  # exp2_weight needs |exponent| < 2⁵⁰
+SUMS = {"contract", "reassoc", "nsz"}  # no nnan/ninf: keep IEEE semantics
 LN2 = math.log(2.0)
 
 
@@ -97,8 +97,8 @@ def source_arrays(sources, masses):
     return soa, np.ascontiguousarray(soa[:, picks]), rmax
 
 
-@njit(cache=True, fastmath=_SUMS)
-def _block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw):
+@njit(cache=True, fastmath=SUMS)
+def block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw):
     """max_j (λ_j + ⟨a, y_j − â⟩) over one block of sources (â = (h0, h1, h2))."""
     m = -np.inf
     for j in range(y0.size):  # slices: j ≥ 0 is known, so no wraparound check blocks vectorising
@@ -106,8 +106,8 @@ def _block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw):
     return m
 
 
-@njit(cache=True, fastmath=_SUMS)
-def _block_moments1(a0, a1, a2, h0, h1, h2, c, y0, y1, y2, lw):
+@njit(cache=True, fastmath=SUMS)
+def block_moments1(a0, a1, a2, h0, h1, h2, c, y0, y1, y2, lw):
     """Σ w_j and Σ w_j d_j over one block, d_j = y_j − â, w_j = 2^(c + λ_j + ⟨a, d_j⟩)."""
     z = 0.0
     s0 = 0.0
@@ -125,9 +125,9 @@ def _block_moments1(a0, a1, a2, h0, h1, h2, c, y0, y1, y2, lw):
     return z, s0, s1, s2
 
 
-@njit(cache=True, fastmath=_SUMS)
-def _block_moments2(a0, a1, a2, h0, h1, h2, c, y0, y1, y2, lw):
-    """As _block_moments1, plus Σ w_j d_j d_jᵀ (upper triangle, row-major)."""
+@njit(cache=True, fastmath=SUMS)
+def block_moments2(a0, a1, a2, h0, h1, h2, c, y0, y1, y2, lw):
+    """As block_moments1, plus Σ w_j d_j d_jᵀ (upper triangle, row-major)."""
     z = 0.0
     s0 = 0.0
     s1 = 0.0
@@ -222,7 +222,7 @@ def add_near_field(i, mom, nmom, shift, near_cells, near_delta, log2_factor):
 
 
 @njit(cache=True)
-def _finish_target(i, x0, x1, x2, h0, h1, h2, mom, BT, beta, V, want_div,
+def finish_target(i, x0, x1, x2, h0, h1, h2, mom, BT, beta, V, want_div,
                    velocity, divergence, mean):
     """m = â + Σw d/z, v = P_x(V m) and div = β tr(P_x V C Bᵀ) − 2⟨x, V m⟩ from
     C = Σw d dᵀ/z − (m − â)(m − â)ᵀ; mom = (z, Σw d[, Σw d dᵀ upper triangle]), d = y − â.

@@ -21,7 +21,7 @@ targets) and each evaluation adds K·10 multiply-adds per target. Units: Δ_c is
 unit sphere (steradians) times the kernel relative to its peak, e^{⟨a, y − â⟩} ≤ 1 (= 1 at y = â).
 
 The cell integrals use the equal-area HEALPix map (dA = A du dv on the pixel square, see
-spherepde.mesh) with adaptive subdivision of the pixel square: a sub-square is dropped when the
+spherepde.geometry.mesh) with adaptive subdivision of the pixel square: a sub-square is dropped when the
 kernel on it is below NEGLIGIBLE of the cell's largest kernel value, integrated with the
 Gauss rule when an error model of the rule (or the exponent's spread LEAF_VARIATION) allows, and
 split in four otherwise. Squares that meet the map's derivative jumps (the lines jr = 1, 3 on the
@@ -37,7 +37,8 @@ import healpy as hp
 import numpy as np
 from numba import njit, prange
 
-from ..mesh import _JPLL, _JRLL, _gauss_legendre_01, _pixel_rule
+from ..geometry.faces import FACE_LONGITUDE, FACE_RING
+from ..geometry.quadrature import gauss_legendre_01, pixel_rule
 
 __all__ = ["NearField", "near_field_table", "near_rings", "table_bytes", "cell_kernel_integral", "tensor_rule"]
 
@@ -251,7 +252,7 @@ def near_rings(anorm, h, max_rings=MAX_RINGS, width_ratio=WIDTH_RATIO, coverage=
 
 def tensor_rule(order):
     """order × order Gauss–Legendre rule on [0, 1]² (weights sum to 1)."""
-    x, w = _gauss_legendre_01(order)
+    x, w = gauss_legendre_01(order)
     a, b = np.meshgrid(x, x, indexing="ij")
     return a.ravel(), b.ravel(), np.outer(w, w).ravel()
 
@@ -289,13 +290,13 @@ class NearField:
             return
         safe = np.where(anorm[:, None] > 0, a / np.maximum(anorm, 1e-300)[:, None], targets)
         home = hp.vec2pix(mesh.nside, safe[:, 0], safe[:, 1], safe[:, 2], nest=True).astype(np.int64)
-        ra, rb, rw = _pixel_rule(GAUSS_ORDER)
+        ra, rb, rw = pixel_rule(GAUSS_ORDER)
         ta, tb, tw = tensor_rule(GAUSS_ORDER)
         near_field_table(targets, np.ascontiguousarray(model.B.T), float(model.beta), home,
                          np.ascontiguousarray(mesh.neighbours, dtype=np.int64), ring,
                          np.ascontiguousarray(mesh._face, dtype=np.int64), mesh._ix, mesh._iy,
                          float(mesh.nside), mesh.centroids, float(mesh.area), ra, rb, rw, ta, tb, tw,
-                         _JRLL.astype(float), _JPLL.astype(float), self.cells, self.delta)
+                         FACE_RING.astype(float), FACE_LONGITUDE.astype(float), self.cells, self.delta)
 
     @property
     def nbytes(self):

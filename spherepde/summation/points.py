@@ -8,7 +8,7 @@ those of ρ_rest (m_rest, L_rest = ln Z_rest) and the points, exactly:
 
 Every weight is e^{(·) − max}, so nothing overflows at any β (L_rest = −inf: ρ_rest = 0). The
 Eulerian solver with atoms and extrapolated fluxes keeps (m_rest, L_rest) of the mesh density
-in its extrapolation history and adds the atoms here at every stage (spherepde.eulerian): the
+in its extrapolation history and adds the atoms here at every stage (spherepde.solvers.eulerian): the
 atoms move and the softmax weights between them change fast at large β, the background slowly.
 Cost O(T·K) for T targets and K points.
 """

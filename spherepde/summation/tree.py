@@ -36,9 +36,19 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .fastmath import LOG2E
-from .kernels import (SHIFT_SLACK, _block_max, _block_moments1, _block_moments2, _finish_target,
-                      add_near_field, kernel_direction, no_log_partition, no_near_field, source_arrays,
-                      store_log_partition)
+from .kernels import (
+    SHIFT_SLACK,
+    add_near_field,
+    block_max,
+    block_moments1,
+    block_moments2,
+    finish_target,
+    kernel_direction,
+    no_log_partition,
+    no_near_field,
+    source_arrays,
+    store_log_partition,
+)
 
 __all__ = ["SourceTree", "tree_softmax", "tree_sums", "LEAF_SIZE"]
 
@@ -166,11 +176,11 @@ def _greedy_leaf(norm, h0, h1, h2, depth, level_offset, node_centre, node_cos_r,
 def _sum_shifted(a0, a1, a2, h0, h1, h2, shift, y0, y1, y2, lw, want_div, mom):
     """mom = Σ_j 2^(λ_j + ⟨a, d_j⟩ − shift)(1, d_j[, d_j d_jᵀ]) over the given sources."""
     if want_div:
-        r2 = _block_moments2(a0, a1, a2, h0, h1, h2, -shift, y0, y1, y2, lw)
+        r2 = block_moments2(a0, a1, a2, h0, h1, h2, -shift, y0, y1, y2, lw)
         for q in range(10):
             mom[q] = r2[q]
     else:
-        r1 = _block_moments1(a0, a1, a2, h0, h1, h2, -shift, y0, y1, y2, lw)
+        r1 = block_moments1(a0, a1, a2, h0, h1, h2, -shift, y0, y1, y2, lw)
         for q in range(4):
             mom[q] = r1[q]
 
@@ -178,7 +188,7 @@ def _sum_shifted(a0, a1, a2, h0, h1, h2, shift, y0, y1, y2, lw, want_div, mom):
 @njit(cache=True)
 def _sum_target(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw, want_div, mom):
     """_sum_shifted with the sources' exact largest exponent as the shift (returned)."""
-    shift = _block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw)
+    shift = block_max(a0, a1, a2, h0, h1, h2, y0, y1, y2, lw)
     _sum_shifted(a0, a1, a2, h0, h1, h2, shift, y0, y1, y2, lw, want_div, mom)
     return shift
 
@@ -260,7 +270,7 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
             s1 = node_end[leaf]
             smin = np.inf
             for t in range(nt):
-                lower[t] = _block_max(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
+                lower[t] = block_max(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2],
                                       ys0[s0:s1], ys1[s0:s1], ys2[s0:s1], lws[s0:s1])
                 smin = min(smin, lower[t])
             # depth-first walk with the block bound; kept leaves are gathered
@@ -319,7 +329,7 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
                     shift = _sum_target(a[t, 0], a[t, 1], a[t, 2], h[t, 0], h[t, 1], h[t, 2], ys0,
                                         ys1, ys2, lws, want_div, mom)
                 shift = add_near_field(i, mom, nmom, shift, near_cells, near_delta, log2_factor)
-                _finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
+                finish_target(i, targets[i, 0], targets[i, 1], targets[i, 2], h[t, 0], h[t, 1],
                                h[t, 2], mom, BT, beta, V, want_div, velocity, divergence, mean)
                 store_log_partition(i, logz, mom[0], shift + anorm[t], ln_top)
     return nsource

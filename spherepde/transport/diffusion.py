@@ -30,7 +30,7 @@ one-sided rates end at the bound 0 (at nside 128 and 256, next to |z| = 2/3). Th
 made symmetric, q_cj = (w_cj + w_jc)/2, which keeps them ≥ 0 and the operator conservative; the
 moments then hold only up to the cell-to-cell change of the geometry, and the pointwise
 truncation error is O(1) along the base-face boundaries and the ring |z| = 2/3, where HEALPix cells change shape
-abruptly. Measured on Y_ℓ, ℓ = 1 … 6, nside 8 → 64 (validation/noise.py): the operator's decay
+abruptly. Measured on Y_ℓ, ℓ = 1 … 6, nside 8 → 64 (spherepde/validation/noise.py): the operator's decay
 rates (Rayleigh quotients of P_ℓ) converge at order 2.0 (relative error 1e-4 … 4e-3 at nside 32),
 the solution (relative L² error of the cell averages at e^{−1} decay) at order 1.3–1.8 (1e-3 …
 6e-3 at nside 32).

@@ -4,7 +4,7 @@ Shu–Osher form: u⁽⁰⁾ = uⁿ, u⁽ⁱ⁾ = aᵢ uⁿ + bᵢ (u⁽ⁱ⁻¹
 a convex combination of forward-Euler steps (SSP coefficient 1), so the positivity of one Euler
 step under the outflow Courant bound carries over to the whole step.
 
-Carried points (the atoms of spherepde.atoms): points P on S² that move with the same stages,
+Carried points (the atoms of spherepde.solvers.atoms): points P on S² that move with the same stages,
 P⁽ⁱ⁾ = N(aᵢ Pⁿ + bᵢ (P⁽ⁱ⁻¹⁾ + dt w(P⁽ⁱ⁻¹⁾))), N(p) = p/|p| and w their tangent velocity at the
 stage state (u⁽ⁱ⁻¹⁾, P⁽ⁱ⁻¹⁾). The normalisation only rescales (its change of direction is
 O(dt³) per step), so the stepper keeps its order for the points.
@@ -12,7 +12,7 @@ O(dt³) per step), so the stepper keeps its order for the points.
 Diffusion (noise, ∂_t f + div_S(f v) = ν(t) Δ_S f): with a MeshDiffusion D and a schedule ν(t),
 the steps are the integrating-factor (Lawson) form of the same Shu–Osher method. With
 E(s₀, s₁) = exp(N(t + s₀dt, t + s₁dt) L) the exact heat flow over a part of the step (N the
-integral of ν, spherepde.noise) and τᵢ the time fraction that stage i represents
+integral of ν, spherepde.models.noise) and τᵢ the time fraction that stage i represents
 (τ₀ = 0, τᵢ = bᵢ(τᵢ₋₁ + 1)),
 
     u⁽ⁱ⁾ = aᵢ E(0, τᵢ) uⁿ + bᵢ E(τᵢ₋₁, τᵢ)(u⁽ⁱ⁻¹⁾ + dt L_T(u⁽ⁱ⁻¹⁾)),
@@ -78,7 +78,7 @@ class SSPStepper:
     moves with the stages (module docstring) and is replaced after every accepted step.
 
     diffusion, noise: a spherepde.transport.diffusion.MeshDiffusion and a schedule with
-    integral(t0, t1) = ∫ν (spherepde.noise.NoiseSchedule): the steps then solve
+    integral(t0, t1) = ∫ν (spherepde.models.noise.NoiseSchedule): the steps then solve
     ∂_t f + div_S(f v) = ν(t) Δ_S f in integrating-factor form (module docstring; rk order 2 only,
     no carried points). A step over which ν vanishes is the plain step, bit for bit.
 

@@ -1,0 +1,765 @@
+"""Run configuration: TOML files, `--set` overrides, validation with one-line errors.
+
+A config has the sections
+
+    [model]        beta (number or "inf"), B, V (3×3 nested lists, or a random law: "gaussian" |
+                   "goe" | "wigner" | "orthogonal" | "identity", or the other matrix: "B", "-B", "V",
+                   "-V"; spherepde.models.weights), weight_seed (integer ≥ 0) and weight_scale (> 0) of
+                   the random laws. The resolved config holds the matrices, and `weights` records
+                   the laws and seed they came from ("given" for two matrices).
+                   normalisation = "softmax" (default) | "unnormalised" (no division by the
+                   partition function; finite beta only) and unnormalised_scale = "none" (default;
+                   beta·‖B‖₂ ≤ 600) | "exp_beta" (the unnormalised field divided by e^{beta·‖B‖₂}).
+                   noise (ν₀ ≥ 0, default 0: ∂_t f + div_S(f v) = ν(t)Δ_S f, Brownian tokens) with
+                   noise_schedule ("constant" | "exponential" | "linear" | "piecewise"),
+                   noise_time (τ > 0, for exponential and linear; recorded as none otherwise) and
+                   noise_breakpoints ([[0, s₀], [t₁, s₁], …], factors of ν₀, for piecewise);
+                   spherepde.models.noise. With ν₀ > 0: [eulerian] atoms defaults to false (true is
+                   refused) and rk_order must be 2; quadrature particles drop their density.
+    [[model.heads]]  several heads instead of B, V (spherepde.models.heads; the velocity is the SUM of the
+                   heads' fields): tables of B, V (matrices or laws, as above) and beta (optional,
+                   default [model] beta); at most 64.
+    [[model.layers]] weights piecewise constant in depth instead of B, V: tables of start (the first
+                   0, strictly increasing, < t_end), and B, V (and beta) or their own
+                   [[model.layers.heads]]; at most 1000. The resolved config holds both as lists of
+                   {start, heads = [{B, V, beta}]} (heads: [{B, V, beta}]), every β explicit.
+    [initial]      kind = "uniform" | "vmf" (mu, kappa) | "mixture" (weights, components:
+                   a list of {mu, kappa} tables) | "projected_normal" (mean, cov)
+    [eulerian]     enabled (false: no Eulerian solve, the particles alone; needs [particles]),
+                   nside (power of two; with enabled = false, the mesh of quadrature particles), scheme ("muscl" | "upwind"), cfl, rk_order (2 | 3),
+                   summation ("auto" | "direct" | "tree" | "harmonic"), tolerance (of the tree, relative, in
+                   (0, 1e-3]), near_field (true: exact kernel integrals near the peak),
+                   velocity_tolerance (0: exact velocity at every stage; ε in (0, 0.1]: evaluate it
+                   every Δ and extrapolate, relative edge-flux error ≈ ε/2), atoms (true: density
+                   plus point masses for the clusters the mesh cannot resolve, spherepde.solvers.atoms)
+                   with atom_width (creation threshold on the peak's width, cell sizes, (0, 3]),
+                   atom_min_mass (in [0, 1)), atom_merge (merge distance, cell sizes, [0, 4]),
+                   max_atoms (slots, 1 … 4096), atom_feeding (default false: atoms grow by
+                   creation and merging only; true: mesh mass flowing into an atom's cell joins it),
+                   atom_stalled_width (default 1.7; 0: off; else in [atom_width, 3]: a peak up to
+                   this width whose maximum grows at less than half the flow's compression also
+                   becomes an atom), atom_join (default 4; 0: off; at most 8: a stalled peak within
+                   this many cell sizes of a heavier atom joins it instead of making a new atom);
+                   both default to 0 below nside 8, whose cells are too wide for the rule
+    [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
+                   Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
+    [time]         t_end > 0, save_every in (0, t_end]
+    [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
+                   w2_nside (HEALPix level of the discrete OT when dim E > 1)
+    [guards]       optional run guards: mass_tolerance (relative mass drift, default 1e-10),
+                   negative_tolerance (f < −tol·max f fails, default 1e-14), dt_floor (smallest
+                   Courant-limited step, default 1e-12); see spherepde.solvers.guards
+    [output]       path of the NetCDF file
+
+Every problem raises ConfigError with a message that names the key, e.g.
+"[model] beta: must be a positive number or "inf", got -1". `resolve` fills in defaults and returns
+plain Python data (JSON-serialisable), which is what the output file records.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from pathlib import Path
+
+from ..models.attention import UNSCALED_EXPONENT_MAX
+from ..models.checks import check_model
+
+__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference",
+           "build_noise"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; str(error) names the offending key."""
+
+
+DEFAULTS = {
+    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None,
+              "normalisation": "softmax", "unnormalised_scale": "none",
+              "noise": 0.0, "noise_schedule": "constant", "noise_time": None, "noise_breakpoints": None,
+              "heads": None, "layers": None},
+    "initial": {"kind": "uniform"},
+    "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
+                 "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
+                 "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
+                 "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0},
+    "time": {"t_end": None, "save_every": None},
+    "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
+    "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
+    "guards": {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12},
+    "output": {"path": None},
+}
+
+INITIAL_KEYS = {
+    "uniform": set(),
+    "vmf": {"mu", "kappa"},
+    "mixture": {"weights", "components"},
+    "projected_normal": {"mean", "cov"},
+}
+
+BETA_RANGE = (1e-3, 1e6)
+# Largest noise ν: it makes any density uniform by t ~ 1/(2ν) = 5e-4, and the heat flow costs about
+# 4 ν dt / h² sparse products per step (spherepde.transport.diffusion), so beyond it a run only slows.
+NOISE_MAX = 1e3
+
+REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
+MAX_LAYERS = 1000
+
+
+def load(path) -> dict:
+    """Parse a TOML file into a dict; malformed TOML or a missing file raise ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML ({exc})") from None
+
+
+def parse_override(text: str):
+    """`section.key=value` → (section, key, value); value in TOML syntax, else a bare string."""
+    name, sep, raw = text.partition("=")
+    parts = name.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ConfigError(f"--set {text}: expected section.key=value")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return parts[0], parts[1], value
+
+
+def apply_overrides(config: dict, overrides) -> dict:
+    config = copy.deepcopy(config)
+    for text in overrides or ():
+        section, key, value = parse_override(text)
+        target = config.setdefault(section, {})
+        if not isinstance(target, dict):
+            raise ConfigError(f"--set {text}: [{section}] is not a section")
+        target[key] = value
+    return config
+
+
+# ------------------------------------------------------------------ checks
+def _number(section, key, value, *, positive=False, allow_inf=False, low=None, high=None):
+    where = f"[{section}] {key}"
+    if allow_inf and isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        expect = 'a number or "inf"' if allow_inf else "a number"
+        raise ConfigError(f"{where}: must be {expect}, got {value!r}")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond double range
+        raise ConfigError(f"{where}: must be finite, got an integer of {len(str(value))} digits") from None
+    if math.isnan(value) or (math.isinf(value) and not (allow_inf and value > 0)):
+        raise ConfigError(f"{where}: must be finite{' or +inf' if allow_inf else ''}, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}: must be > 0, got {value:g}")
+    if low is not None and value < low:
+        raise ConfigError(f"{where}: must be >= {low:g}, got {value:g}")
+    if high is not None and value > high:
+        raise ConfigError(f"{where}: must be <= {high:g}, got {value:g}")
+    return value
+
+
+def _vector(section, key, value, length=3):
+    where = f"[{section}] {key}"
+    if not isinstance(value, list) or len(value) != length:
+        raise ConfigError(f"{where}: must be a list of {length} numbers, got {value!r}")
+    return [_number(section, f"{key}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _matrix(section, key, value):
+    where = f"[{section}] {key}"
+    if (not isinstance(value, list) or len(value) != 3
+            or not all(isinstance(row, list) and len(row) == 3 for row in value)):
+        shape = _shape(value)
+        raise ConfigError(f"{where}: must be a 3×3 matrix (three rows of three numbers), got shape {shape}")
+    return [[_number(section, f"{key}[{i}][{j}]", v) for j, v in enumerate(row)] for i, row in enumerate(value)]
+
+
+def _shape(value):
+    if not isinstance(value, list):
+        return type(value).__name__
+    inner = {len(r) if isinstance(r, list) else None for r in value}
+    return f"({len(value)}, {inner.pop()})" if len(inner) == 1 and None not in inner else f"({len(value)}, ragged)"
+
+
+def _check_keys(section, table, allowed):
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"[{section}] {key}: unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})")
+
+
+def _weight_settings(model, given):
+    """Check weight_seed and weight_scale (and refuse a given `weights`)."""
+    if "weights" in given:
+        raise ConfigError("[model] weights: set by spherepde (the record of the laws of B and V); "
+                          "give B, V and weight_seed instead")
+    seed = model["weight_seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"[model] weight_seed: must be an integer >= 0, got {seed!r}")
+    model["weight_scale"] = _number("model", "weight_scale", model["weight_scale"], positive=True)
+
+
+def _resolve_weights(model, given):
+    """B and V as matrices (a law of spherepde.models.weights drawn with weight_seed, or the other
+    matrix); model["weights"] records where they came from."""
+    from ..models import weights
+
+    _weight_settings(model, given)
+    seed = model["weight_seed"]
+    names = weights.LAWS + weights.REFERENCES
+    for key in ("B", "V"):
+        if isinstance(model[key], str):
+            if model[key] not in names:
+                raise ConfigError(f"[model] {key}: must be a 3×3 matrix or one of "
+                                  f"{', '.join(map(repr, names))}, got {model[key]!r}")
+        else:
+            model[key] = _matrix("model", key, model[key])
+    laws = {k: model[k] for k in ("B", "V") if isinstance(model[k], str)}
+    try:
+        B, V = weights.resolve_weights(model["B"], model["V"], seed, model["weight_scale"])
+    except ValueError as exc:
+        raise ConfigError(f"[model] {exc}") from None
+    model["B"], model["V"] = B.tolist(), V.tolist()
+    model["weights"] = "given"
+    if laws:
+        model["weights"] = (", ".join(f"{k} = {v}" for k, v in laws.items())
+                            + f" (weight_seed {seed}, weight_scale {model['weight_scale']:g})")
+
+
+def _beta_value(section, value):
+    """A β: a positive number in BETA_RANGE or "inf"."""
+    beta = _number(section, "beta", value, positive=True, allow_inf=True)
+    if not math.isinf(beta) and not (BETA_RANGE[0] <= beta <= BETA_RANGE[1]):
+        raise ConfigError(f'[{section}] beta: must be in [{BETA_RANGE[0]:g}, {BETA_RANGE[1]:g}] or "inf" '
+                          f"(the validated range of the attention sum), got {beta:g}")
+    return beta
+
+
+def _combined(model) -> bool:
+    return model.get("heads") is not None or model.get("layers") is not None
+
+
+def _resolve_head(section, table, beta, seed, scale, key, laws):
+    """One head {B, V, beta} of a combined model (spherepde.models.heads), checked as [model] is; the
+    laws drawn from the stream `key`, recorded in laws."""
+    import numpy as np
+
+    from ..models import weights
+
+    for name in ("B", "V"):
+        if name not in table:
+            raise ConfigError(f"[{section}] {name}: required")
+    given = {}
+    names = weights.LAWS + weights.REFERENCES
+    for name in ("B", "V"):
+        value = table[name]
+        if isinstance(value, str):
+            if value not in names:
+                raise ConfigError(f"[{section}] {name}: must be a 3×3 matrix or one of "
+                                  f"{', '.join(map(repr, names))}, got {value!r}")
+            given[name] = value
+        else:
+            given[name] = _matrix(section, name, value)
+    beta = _beta_value(section, table["beta"]) if "beta" in table else beta
+    try:
+        B, V = weights.resolve_weights(given["B"], given["V"], seed, scale, key)
+        check_model(B, V, beta)
+    except ValueError as exc:
+        raise ConfigError(f"[{section}] {exc}") from None
+    if math.isinf(beta) and np.linalg.matrix_rank(B) < 3:
+        raise ConfigError(f'[{section}] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+    drawn = [f"{name} = {given[name]}" for name in ("B", "V") if isinstance(given[name], str)]
+    if drawn:
+        laws.append(f"{section.removeprefix('model.')}: {', '.join(drawn)}")
+    return {"B": B.tolist(), "V": V.tolist(), "beta": "inf" if math.isinf(beta) else beta}
+
+
+def _resolve_heads(section, value, beta, seed, scale, key, laws):
+    """The heads list of [model] or of a layer: [{B, V, beta}], each β explicit."""
+    from ..models.heads import MAX_HEADS
+
+    where = f"{section}.heads"
+    if not isinstance(value, list) or not value or not all(isinstance(h, dict) for h in value):
+        raise ConfigError(f"[{section}] heads: must be a non-empty list of tables [[{where}]] with B, V "
+                          f"(and beta), got {value!r}"[:300])
+    if len(value) > MAX_HEADS:
+        raise ConfigError(f"[{section}] heads: at most {MAX_HEADS} heads are supported, got {len(value)}")
+    out = []
+    for h, table in enumerate(value):
+        head_section = f"{where}[{h}]"
+        _check_keys(head_section, table, {"B", "V", "beta"})
+        out.append(_resolve_head(head_section, table, beta, seed, scale, key + (h,), laws))
+    return out
+
+
+def _resolve_layers(value, beta, seed, scale, laws):
+    """[[model.layers]] as [{start, heads: [{B, V, beta}]}] (start < t_end is checked with [time])."""
+    if not isinstance(value, list) or not value or not all(isinstance(k, dict) for k in value):
+        raise ConfigError("[model] layers: must be a non-empty list of tables [[model.layers]] with start "
+                          f"and B, V (or heads), got {value!r}"[:300])
+    if len(value) > MAX_LAYERS:
+        raise ConfigError(f"[model] layers: at most {MAX_LAYERS} layers are supported, got {len(value)}")
+    out = []
+    for k, table in enumerate(value):
+        section = f"model.layers[{k}]"
+        _check_keys(section, table, {"start", "B", "V", "beta", "heads"})
+        if "start" not in table:
+            raise ConfigError(f"[{section}] start: required (the time at which the layer begins)")
+        start = _number(section, "start", table["start"], low=0.0)
+        if k == 0 and start != 0.0:
+            raise ConfigError(f"[{section}] start: the first layer must start at 0, got {start:g}")
+        if k > 0 and not start > out[-1]["start"]:
+            raise ConfigError(f"[{section}] start: must be > the previous layer's start "
+                              f"{out[-1]['start']:g} (strictly increasing), got {start:g}")
+        layer_beta = _beta_value(section, table["beta"]) if "beta" in table else beta
+        if "heads" in table:
+            for name in ("B", "V"):
+                if name in table:
+                    raise ConfigError(f"[{section}] {name}: not with heads (give B and V in each "
+                                      "[[model.layers.heads]] table)")
+            heads = _resolve_heads(section, table["heads"], layer_beta, seed, scale, (3, k, 2), laws)
+        else:
+            head = {name: table[name] for name in ("B", "V") if name in table}
+            for name in ("B", "V"):
+                if name not in table:
+                    raise ConfigError(f"[{section}] {name}: required (or the layer's [[model.layers.heads]])")
+            heads = [_resolve_head(section, head, layer_beta, seed, scale, (3, k), laws)]
+        out.append({"start": start, "heads": heads})
+    return out
+
+
+def _resolve_combined(model, given):
+    """[[model.heads]] or [[model.layers]] (spherepde.models.heads) in place of B and V."""
+    for name in ("B", "V"):
+        if given.get(name) is not None:
+            which = "layers" if model["layers"] is not None else "heads"
+            raise ConfigError(f"[model] {name}: not with [[model.{which}]] (give B and V in each "
+                              f"[[model.{which}]] table instead)")
+    if model["heads"] is not None and model["layers"] is not None:
+        raise ConfigError("[model] layers: not with [[model.heads]] as well (give each layer its own "
+                          "[[model.layers.heads]])")
+    _weight_settings(model, given)
+    seed, scale, laws = model["weight_seed"], model["weight_scale"], []
+    if model["heads"] is not None:
+        model["heads"] = _resolve_heads("model", model["heads"], model["beta"], seed, scale, (2,), laws)
+    else:
+        model["layers"] = _resolve_layers(model["layers"], model["beta"], seed, scale, laws)
+    model["weights"] = "given" if not laws else "; ".join(laws) + f" (weight_seed {seed}, weight_scale {scale:g})"
+
+
+def _resolve_normalisation(model):
+    """[model] normalisation and unnormalised_scale (spherepde.models.attention.AttentionModel)."""
+    if model["normalisation"] not in ("softmax", "unnormalised"):
+        raise ConfigError('[model] normalisation: must be "softmax" or "unnormalised", '
+                          f'got {model["normalisation"]!r}')
+    if model["unnormalised_scale"] not in ("none", "exp_beta"):
+        raise ConfigError('[model] unnormalised_scale: must be "none" or "exp_beta", '
+                          f'got {model["unnormalised_scale"]!r}')
+    if model["normalisation"] != "unnormalised":
+        return
+    import numpy as np
+
+    # every head of every layer: one normalisation for the whole model (spherepde.models.heads)
+    for section, beta, B in _heads_for_checks(model):
+        if math.isinf(beta):
+            raise ConfigError(f'[{section}] beta: normalisation = "unnormalised" has no beta = "inf" limit '
+                              '(the field grows like e^beta); give a finite beta or normalisation = "softmax"')
+        exponent = beta * float(np.linalg.norm(np.array(B), 2))
+        if model["unnormalised_scale"] == "none" and exponent > UNSCALED_EXPONENT_MAX:
+            raise ConfigError(f'[model] unnormalised_scale: "none" overflows for beta·‖B‖₂ = {exponent:.4g} > '
+                              f'{UNSCALED_EXPONENT_MAX:g} ([{section}]); use "exp_beta"')
+
+
+def _heads_for_checks(model):
+    """(section, β, B) of every head of a resolved [model]: the model itself, its heads, or the
+    heads of its layers."""
+    def beta_of(value):
+        return math.inf if value == "inf" else float(value)
+
+    if model.get("heads") is not None:
+        return [(f"model.heads[{h}]", beta_of(head["beta"]), head["B"]) for h, head in enumerate(model["heads"])]
+    if model.get("layers") is not None:
+        return [(f"model.layers[{k}]" + (f".heads[{h}]" if len(layer["heads"]) > 1 else ""),
+                 beta_of(head["beta"]), head["B"])
+                for k, layer in enumerate(model["layers"]) for h, head in enumerate(layer["heads"])]
+    return [("model", beta_of(model["beta"]), model["B"])]
+
+
+def resolve(raw: dict) -> dict:
+    """Validate a parsed config and fill in defaults. Raises ConfigError naming the first bad key."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config: must be a TOML document of sections")
+    for section, table in raw.items():
+        if section not in DEFAULTS:
+            raise ConfigError(f"[{section}]: unknown section (allowed: {', '.join(DEFAULTS)})")
+        if not isinstance(table, dict):
+            raise ConfigError(f"[{section}]: must be a table of keys, got {table!r}")
+    cfg = {s: dict(d) for s, d in DEFAULTS.items()}
+    if "particles" not in raw:
+        cfg["particles"] = None  # optional section: no particle solver
+    for section, table in raw.items():
+        if section != "initial":
+            _check_keys(section, table, DEFAULTS[section])
+        cfg[section].update(table)
+    for section, key in REQUIRED:
+        if cfg[section][key] is None:
+            if section == "model" and key in ("B", "V") and _combined(cfg["model"]):
+                continue  # each head or layer has its own
+            raise ConfigError(f"[{section}] {key}: required")
+
+    model = cfg["model"]
+    model["beta"] = _beta_value("model", model["beta"])
+    if _combined(model):  # several heads or layers (spherepde.models.heads): each checked like [model]
+        _resolve_combined(model, raw.get("model", {}))
+    else:
+        _resolve_weights(model, raw.get("model", {}))
+        try:
+            check_model(model["B"], model["V"], model["beta"])
+        except ValueError as exc:
+            raise ConfigError(f"[model] {exc}") from None
+        if math.isinf(model["beta"]):
+            import numpy as np
+
+            if np.linalg.matrix_rank(np.array(model["B"])) < 3:
+                raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+    _resolve_normalisation(model)
+    if math.isinf(model["beta"]):
+        model["beta"] = "inf"  # JSON has no infinity
+    noisy = _resolve_noise(model)
+
+    cfg["initial"] = _resolve_initial(cfg["initial"])
+
+    eul = cfg["eulerian"]
+    if not isinstance(eul["enabled"], bool):
+        raise ConfigError(f"[eulerian] enabled: must be true or false, got {eul['enabled']!r}")
+    if not eul["enabled"] and cfg["particles"] is None:
+        raise ConfigError("[eulerian] enabled: false needs a [particles] section (the run would solve nothing)")
+    nside = eul["nside"]
+    if isinstance(nside, bool) or not isinstance(nside, int) or nside < 1 or nside & (nside - 1):
+        raise ConfigError(f"[eulerian] nside: must be a positive power of two, got {nside!r}")
+    if nside > 1024:
+        raise ConfigError(f"[eulerian] nside: at most 1024 is supported, got {nside}")
+    if eul["scheme"] not in ("muscl", "upwind"):
+        raise ConfigError(f'[eulerian] scheme: must be "muscl" or "upwind", got {eul["scheme"]!r}')
+    eul["cfl"] = _number("eulerian", "cfl", eul["cfl"], positive=True, high=1.0)
+    if eul["rk_order"] not in (2, 3) or isinstance(eul["rk_order"], bool):
+        raise ConfigError(f"[eulerian] rk_order: must be 2 or 3, got {eul['rk_order']!r}")
+    if eul["summation"] not in ("auto", "direct", "tree", "harmonic"):
+        raise ConfigError('[eulerian] summation: must be "auto", "direct", "tree" or "harmonic", '
+                          f'got {eul["summation"]!r}')
+    eul["tolerance"] = _number("eulerian", "tolerance", eul["tolerance"], positive=True, high=1e-3)
+    eul["velocity_tolerance"] = _number("eulerian", "velocity_tolerance", eul["velocity_tolerance"],
+                                        low=0.0, high=0.1)
+    if not isinstance(eul["near_field"], bool):
+        raise ConfigError(f"[eulerian] near_field: must be true or false, got {eul['near_field']!r}")
+    if not isinstance(eul["atoms"], bool):
+        raise ConfigError(f"[eulerian] atoms: must be true or false, got {eul['atoms']!r}")
+    eul["atom_width"] = _number("eulerian", "atom_width", eul["atom_width"], positive=True, high=3.0)
+    eul["atom_min_mass"] = _number("eulerian", "atom_min_mass", eul["atom_min_mass"], low=0.0, high=1.0)
+    if eul["atom_min_mass"] >= 1.0:
+        raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
+                          f"got {eul['atom_min_mass']:g}")
+    eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
+    given = raw.get("eulerian", {})  # the keys the file sets (defaults below depend on it)
+    if nside < STALLED_RULE_MIN_NSIDE:
+        # a cell of nside ≤ 4 is ≥ 0.5 rad wide: a peak 1.7 cells wide is a third of a hemisphere,
+        # not a cluster (measured: tests/models/test_schedule.py's vMF κ = 3 run made half its mass one atom
+        # at t = 0.4 and W₂ to Π#ρ jumped by 0.085; at nside 8 and 16 it makes none). Off unless set.
+        for key in ("atom_stalled_width", "atom_join"):
+            if key not in given:
+                eul[key] = 0.0
+    eul["atom_stalled_width"] = _number("eulerian", "atom_stalled_width", eul["atom_stalled_width"], low=0.0,
+                                        high=3.0)
+    if "atom_stalled_width" not in given and eul["atom_stalled_width"] > 0.0:
+        # the default band (atom_width, 1.7] is empty for a wider atom_width: the rule then adds nothing
+        eul["atom_stalled_width"] = max(eul["atom_stalled_width"], eul["atom_width"])
+    if 0.0 < eul["atom_stalled_width"] < eul["atom_width"]:
+        raise ConfigError(f"[eulerian] atom_stalled_width: must be 0 (off) or ≥ atom_width = {eul['atom_width']:g}, "
+                          f"got {eul['atom_stalled_width']:g}")
+    eul["atom_join"] = _number("eulerian", "atom_join", eul["atom_join"], low=0.0, high=8.0)
+    if eul["atom_join"] > 0.0 and eul["atom_stalled_width"] == 0.0 and "atom_join" in given:
+        raise ConfigError(f"[eulerian] atom_join: acts on stalled peaks only, so it needs atom_stalled_width > 0 "
+                          f"(got atom_join = {eul['atom_join']:g} with atom_stalled_width = 0; it is 0 by "
+                          f"default below nside {STALLED_RULE_MIN_NSIDE})")
+    if not isinstance(eul["atom_feeding"], bool):
+        raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
+    cap = eul["max_atoms"]
+    if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
+        raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")
+    if noisy:
+        if eul["atoms"] and "atoms" in given:
+            raise ConfigError(f"[eulerian] atoms: point masses do not survive noise ([model] noise = "
+                              f"{model['noise']:g} > 0): set atoms = false, the default with noise")
+        eul["atoms"] = False
+        if eul["rk_order"] != 2:
+            raise ConfigError(f"[eulerian] rk_order: must be 2 with noise ([model] noise = {model['noise']:g} > 0: "
+                              f"the integrating-factor step of the diffusion), got {eul['rk_order']}")
+
+    tm = cfg["time"]
+    tm["t_end"] = _number("time", "t_end", tm["t_end"], positive=True)
+    tm["save_every"] = _number("time", "save_every", tm["save_every"], positive=True)
+    if tm["save_every"] > tm["t_end"]:
+        raise ConfigError(f"[time] save_every: must be <= t_end = {tm['t_end']:g}, got {tm['save_every']:g}")
+    if tm["t_end"] / tm["save_every"] > 100_000:
+        raise ConfigError(f"[time] save_every: more than 100000 snapshots ({tm['t_end']:g}/{tm['save_every']:g})")
+    for k, layer in enumerate(model["layers"] or ()):
+        if layer["start"] >= tm["t_end"]:
+            raise ConfigError(f"[model.layers[{k}]] start: must be < t_end = {tm['t_end']:g}, got {layer['start']:g}")
+
+    if cfg["particles"] is not None:
+        _resolve_particles(cfg["particles"], tm)
+
+    dg = cfg["diagnostics"]
+    dg["p"] = _number("diagnostics", "p", dg["p"], positive=True, high=1.0)
+    for key in ("C0", "C1"):
+        if dg[key] is not None:
+            dg[key] = _number("diagnostics", key, dg[key])
+    w2 = dg["w2_nside"]
+    if isinstance(w2, bool) or not isinstance(w2, int) or w2 < 1 or w2 & (w2 - 1) or w2 > 32:
+        raise ConfigError(f"[diagnostics] w2_nside: must be a power of two <= 32, got {w2!r}")
+
+    gd = cfg["guards"]
+    gd["mass_tolerance"] = _number("guards", "mass_tolerance", gd["mass_tolerance"], positive=True)
+    gd["negative_tolerance"] = _number("guards", "negative_tolerance", gd["negative_tolerance"], low=0.0)
+    gd["dt_floor"] = _number("guards", "dt_floor", gd["dt_floor"], positive=True)
+
+    out = cfg["output"]
+    if out["path"] is not None and (not isinstance(out["path"], str) or not out["path"].strip()):
+        raise ConfigError(f"[output] path: must be a non-empty string, got {out['path']!r}")
+    # a config that resolves must build: the model and the law refuse what the checks above
+    # let through (e.g. mu = [0, 0, 1e-162], whose norm underflows)
+    for section, build in (("model", build_model), ("initial", build_initial_law)):
+        try:
+            build(cfg[section])
+        except ValueError as exc:
+            raise ConfigError(f"[{section}] {exc}") from None
+    return cfg
+
+
+def _resolve_noise(model) -> bool:
+    """Check the noise keys of [model] in place; True when there is noise (ν ≢ 0). Keys that the
+    schedule does not use are recorded as None."""
+    from ..models.noise import SCHEDULES, NoiseSchedule
+
+    model["noise"] = _number("model", "noise", model["noise"], low=0.0, high=NOISE_MAX)
+    schedule = model["noise_schedule"]
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise ConfigError(f"[model] noise_schedule: must be one of {', '.join(map(repr, SCHEDULES))}, "
+                          f"got {schedule!r}")
+    if model["noise_time"] is not None:
+        model["noise_time"] = _number("model", "noise_time", model["noise_time"], positive=True)
+    if schedule in ("exponential", "linear"):
+        if model["noise_time"] is None:
+            raise ConfigError(f'[model] noise_time: required by noise_schedule = "{schedule}" '
+                              "(the time scale τ of the decay)")
+    else:
+        model["noise_time"] = None
+    points = model["noise_breakpoints"]
+    if schedule == "piecewise":
+        if points is None:
+            raise ConfigError('[model] noise_breakpoints: required by noise_schedule = "piecewise" '
+                              "([[0, s0], [t1, s1], ...]: times and factors of noise)")
+        if not isinstance(points, list) or not points:
+            raise ConfigError(f"[model] noise_breakpoints: must be a non-empty list of [t, factor] pairs, "
+                              f"got {points!r}")
+        checked = []
+        for i, pair in enumerate(points):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ConfigError(f"[model] noise_breakpoints[{i}]: must be a pair [t, factor], got {pair!r}")
+            t = _number("model", f"noise_breakpoints[{i}][0]", pair[0], low=0.0)
+            factor = _number("model", f"noise_breakpoints[{i}][1]", pair[1], low=0.0)
+            if i == 0 and t != 0.0:
+                raise ConfigError(f"[model] noise_breakpoints[0][0]: the first time must be 0, got {t:g}")
+            if i > 0 and t <= checked[-1][0]:
+                raise ConfigError(f"[model] noise_breakpoints[{i}][0]: times must increase, got {t:g} "
+                                  f"after {checked[-1][0]:g}")
+            checked.append([t, factor])
+        largest = model["noise"] * max(f for _, f in checked)
+        if largest > NOISE_MAX:
+            raise ConfigError(f"[model] noise_breakpoints: noise × the largest factor = {largest:g}, must be "
+                              f"<= {NOISE_MAX:g} (as noise itself)")
+        model["noise_breakpoints"] = checked
+    else:
+        model["noise_breakpoints"] = None
+    return not NoiseSchedule(model["noise"], schedule, model["noise_time"], model["noise_breakpoints"]).is_zero
+
+
+def build_noise(spec: dict):
+    """The spherepde.models.noise.NoiseSchedule of a resolved [model] section, or None without noise."""
+    from ..models.noise import NoiseSchedule
+
+    return NoiseSchedule.from_config(spec)
+
+
+def _resolve_particles(pt, tm):
+    if pt["mode"] not in ("tokens", "quadrature"):
+        raise ConfigError(f'[particles] mode: must be "tokens" or "quadrature", got {pt["mode"]!r}')
+    n = pt["n"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
+        raise ConfigError(f"[particles] n: must be an integer in [1, 1000000], got {n!r}")
+    seed = pt["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"[particles] seed: must be an integer >= 0, got {seed!r}")
+    if pt["scheme"] not in ("euler", "rk4"):
+        raise ConfigError(f'[particles] scheme: must be "euler" or "rk4", got {pt["scheme"]!r}')
+    pt["dt"] = _number("particles", "dt", pt["dt"], positive=True)
+    if pt["dt"] > tm["save_every"]:
+        raise ConfigError(f"[particles] dt: must be <= save_every = {tm['save_every']:g}, got {pt['dt']:g}")
+
+
+def _resolve_initial(table):
+    kind = table.get("kind", "uniform")
+    if not isinstance(kind, str) or kind not in INITIAL_KEYS:
+        raise ConfigError(f"[initial] kind: unknown initial law {kind!r} (allowed: {', '.join(INITIAL_KEYS)})")
+    _check_keys("initial", table, INITIAL_KEYS[kind] | {"kind"})
+    out = {"kind": kind}
+    if kind == "vmf":
+        out.update(_vmf("initial", table))
+    elif kind == "mixture":
+        comps = table.get("components")
+        if not isinstance(comps, list) or not comps or not all(isinstance(c, dict) for c in comps):
+            raise ConfigError("[initial] components: must be a non-empty list of {mu, kappa} tables")
+        out["components"] = []
+        for i, comp in enumerate(comps):
+            _check_keys(f"initial.components[{i}]", comp, {"mu", "kappa"})
+            out["components"].append(_vmf(f"initial.components[{i}]", comp))
+        weights = table.get("weights", [1.0] * len(comps))
+        if not isinstance(weights, list) or len(weights) != len(comps):
+            raise ConfigError(f"[initial] weights: must be a list of {len(comps)} numbers, got {weights!r}")
+        out["weights"] = [_number("initial", f"weights[{i}]", w, low=0.0) for i, w in enumerate(weights)]
+        if sum(out["weights"]) <= 0:
+            raise ConfigError("[initial] weights: must not all be zero")
+    elif kind == "projected_normal":
+        out["mean"] = _vector("initial", "mean", table.get("mean", [0.0, 0.0, 0.0]))
+        out["cov"] = _matrix("initial", "cov", table.get("cov", [[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]))
+        import numpy as np
+
+        cov = np.array(out["cov"])
+        if not np.allclose(cov, cov.T):
+            raise ConfigError("[initial] cov: must be symmetric")
+        if np.linalg.eigvalsh(cov).min() <= 0:
+            raise ConfigError("[initial] cov: must be positive definite")
+    return out
+
+
+def _vmf(section, table):
+    for key in ("mu", "kappa"):
+        if key not in table:
+            raise ConfigError(f"[{section}] {key}: required for a von Mises–Fisher law")
+    mu = _vector(section, "mu", table["mu"])
+    if math.hypot(*mu) == 0:
+        raise ConfigError(f"[{section}] mu: must be a non-zero vector")
+    return {"mu": mu, "kappa": _number(section, "kappa", table["kappa"], low=0.0, high=1e6)}
+
+
+# sections a resumed run may change: where the file is, and the guards' tolerances (they stop a
+# run, they do not change its numbers)
+RESUME_MAY_CHANGE = ("output", "guards")
+# keys added to the resolved config after files were written without them, and the value such a
+# file implies (random weights came later: its B and V were given)
+ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("model", "weight_scale"): 1.0,
+              ("model", "weights"): "given", ("model", "normalisation"): "softmax",
+              ("model", "unnormalised_scale"): "none", ("model", "noise"): 0.0,
+              ("model", "noise_schedule"): "constant", ("model", "noise_time"): None,
+              ("model", "noise_breakpoints"): None}
+ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
+ADDED_KEYS[("eulerian", "atom_stalled_width")] = 0.0  # the stalled-peak rule came later, off
+ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to the atom beside it
+
+
+STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
+ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
+             "atom_join")
+EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
+
+
+def _idle_keys(section, a, b):
+    """[eulerian] keys of a solver part that runs in neither config and so cannot change the
+    run: everything but enabled and nside when both have enabled = false (token runs), the atom
+    keys when both have atoms = false. A changed default of such a key leaves old files valid."""
+    if section != "eulerian":
+        return set()
+    keys = set(a) | set(b)
+    if a.get("enabled") is False and b.get("enabled") is False:
+        return keys - set(EULERIAN_KEYS_WITHOUT_SOLVE)
+    if a.get("atoms") is False and b.get("atoms") is False:
+        return keys & set(ATOM_KEYS)
+    return set()
+
+
+def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:
+    """The first setting in which two resolved configs differ ("[section] key: a in the file,
+    b now"), or None when they agree outside the ignored sections and the idle keys (_idle_keys)."""
+    for section in sorted(set(stored) | set(given)):
+        a, b = stored.get(section), given.get(section)
+        if isinstance(a, dict) and isinstance(b, dict):  # keys added since the file was written
+            a = {**{k: v for (sec, k), v in ADDED_KEYS.items() if sec == section and k not in a and k in b}, **a}
+            idle = _idle_keys(section, a, b)
+            a = {k: v for k, v in a.items() if k not in idle}
+            b = {k: v for k, v in b.items() if k not in idle}
+        if section in ignore or a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            key = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+            return f"[{section}] {key}: {a.get(key)!r} in the file, {b.get(key)!r} now"
+        return f"[{section}]: {a!r} in the file, {b!r} now"
+    return None
+
+
+def build_initial_law(spec: dict):
+    """The spherepde.models.initial law described by a resolved [initial] section."""
+    from ..models import initial
+
+    kind = spec["kind"]
+    if kind == "uniform":
+        return initial.Uniform()
+    if kind == "vmf":
+        return initial.VonMisesFisher(spec["mu"], spec["kappa"])
+    if kind == "mixture":
+        return initial.Mixture(spec["weights"],
+                               [initial.VonMisesFisher(c["mu"], c["kappa"]) for c in spec["components"]])
+    return initial.ProjectedNormal(spec["mean"], spec["cov"])
+
+
+def build_model(spec: dict):
+    """The model of a resolved [model] section: an AttentionModel, or with heads or layers a
+    MultiHeadModel or LayerSchedule (spherepde.models.heads; a list of one head is that head)."""
+    from ..models.attention import AttentionModel
+
+    if _combined(spec):
+        return _build_combined(spec)
+    beta = math.inf if spec["beta"] == "inf" else spec["beta"]
+    return AttentionModel(spec["B"], spec["V"], beta, normalisation=spec.get("normalisation", "softmax"),
+                          unnormalised_scale=spec.get("unnormalised_scale", "none"))
+
+
+def _build_heads(heads, normalisation):
+    from ..models.attention import AttentionModel
+    from ..models.heads import MultiHeadModel
+
+    models = [AttentionModel(h["B"], h["V"], math.inf if h["beta"] == "inf" else h["beta"], **normalisation)
+              for h in heads]
+    return models[0] if len(models) == 1 else MultiHeadModel(tuple(models))
+
+
+def _build_combined(spec):
+    """Heads or layers, every head with the model's normalisation."""
+    from ..models.heads import LayerSchedule
+
+    normalisation = {"normalisation": spec.get("normalisation", "softmax"),
+                     "unnormalised_scale": spec.get("unnormalised_scale", "none")}
+    if spec.get("heads") is not None:
+        return _build_heads(spec["heads"], normalisation)
+    layers = spec["layers"]
+    return LayerSchedule([layer["start"] for layer in layers],
+                         [_build_heads(layer["heads"], normalisation) for layer in layers])

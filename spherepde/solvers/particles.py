@@ -1,0 +1,301 @@
+"""Lagrangian particle solver: weighted points moving in the attention field of the points.
+
+For particles x_i with weights w_i (a measure ρ = Σ w_i δ_{x_i}) the velocity is the attention
+field of ρ itself, v(x_i) = P_x(V m_β(x_i)), computed by spherepde.summation.attention_field
+(the same summation as the Eulerian solver, sources = targets = the particles). Two uses:
+
+- tokens: n points sampled i.i.d. from ρ₀ with weights 1/n, as in the paper's experiments. At
+  β = ∞ the softmax becomes the hardmax over tokens: m(x_i) = x_j*, j* = argmax_j ⟨Bᵀx_i, x_j⟩.
+- quadrature particles: one per HEALPix cell with weight f₀·A, each carrying its log-density
+  along its characteristic, d/dt log f = −div_S v (docs/theory.md#formulas-and-exact-solutions): the exact pointwise density
+  along trajectories, up to time stepping and the quadrature of the sum. At β = ∞ they move in
+  the local mean-field limit P_x(Mx)/|Bᵀx| (full-support density).
+
+Several heads and layers (spherepde.models.heads): the model may be a MultiHeadModel (the field and its
+divergence are the sums over the heads; at β = ∞ each head follows the rule above: hardmax for
+tokens, the local limit for quadrature particles), a LayerSchedule or a callable t ↦ (B, V, β).
+Each step uses the model of its start time for all its stages, and a step lands on every switch
+time of a LayerSchedule (as on the save times).
+
+Time steppers (fixed dt, shortened to land on every save time and every switch time):
+- "euler": the paper's scheme x ← (x + Δt v)/|x + Δt v|, log f ← log f − Δt div v;
+- "rk4": classical Runge–Kutta on (x, log f), stages evaluated at normalised points, the update
+  normalised (a projection method: fourth order on the sphere).
+
+Noise (a spherepde.models.noise.NoiseSchedule ν(t)): the tokens follow dX = v dt + √(2ν) dW on S² (generator
+νΔ_S plus the drift), whose law solves ∂_t f + div_S(f v) = νΔ_S f. Each step is the drift step of
+the scheme above followed by a geodesic random walk step (Lie splitting):
+
+    x ← cos(s|η|) x + sin(s|η|) η/|η|,   η = P_x ξ, ξ ~ N(0, I₃), s = √(2 N(t, t + dt)),
+
+N = ∫ν over the step: x moves along the great circle in the direction of a tangent Gaussian, so
+it stays on S² to round-off. Weak order 1: for pure noise E[x_{n+1} | x_n] = m(s) x_n exactly, with
+m(s) = E[cos(sR)] = 1 − √2 s D(s/√2) (R Rayleigh, D Dawson's integral) = 1 − s² + s⁴/3 − …,
+against e^{−2ν dt} = 1 − s² + s⁴/2 − … for the Brownian motion: the scheme's E[x_t] is
+m(s)^{t/dt} x₀ = e^{−2νt}(1 − (2/3)ν²t dt + …) x₀, a bias of order dt (spherepde/validation/noise.py measures
+it). The random numbers of step j after snapshot k come from SeedSequence(seed, spawn_key =
+(NOISE_STREAM, k, j)): no generator state to store, so a run resumed at snapshot k draws what
+the uninterrupted run drew, and the noise is independent of the stream that sampled the tokens
+(SeedSequence(seed), no spawn key).
+Carried densities do not survive noise (along a noisy path d log f/dt ≠ −div v): carry_density
+with noise is refused; quadrature particles with noise are weighted Brownian particles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import xarray as xr
+from numba import njit, prange
+
+from ..models.checks import check_model
+from ..models.heads import as_schedule, heads_of
+from ..summation import attention_field, project_velocity, zero_temperature_field
+from .guards import Guards
+from .timeline import save_times, segments
+
+__all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES",
+           "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM"]
+
+SCHEMES = ("euler", "rk4")
+NOISE_STREAM = 0x6E6F6973  # first spawn-key word of the noise streams ("nois")
+
+
+@njit(cache=True, parallel=True)
+def hardmax_field(targets, BT, sources, weights, V, velocity):
+    """β = ∞ token rule: m(x) = y_j*, j* = argmax_{j: w_j > 0} ⟨Bᵀx, y_j⟩ (first index on ties),
+    v = P_x(V m). targets (T, 3), BT = Bᵀ, sources (N, 3), weights (N,); writes velocity (T, 3)."""
+    for i in prange(targets.shape[0]):
+        x0 = targets[i, 0]
+        x1 = targets[i, 1]
+        x2 = targets[i, 2]
+        a0 = BT[0, 0] * x0 + BT[0, 1] * x1 + BT[0, 2] * x2
+        a1 = BT[1, 0] * x0 + BT[1, 1] * x1 + BT[1, 2] * x2
+        a2 = BT[2, 0] * x0 + BT[2, 1] * x1 + BT[2, 2] * x2
+        best = -np.inf
+        arg = 0
+        for j in range(sources.shape[0]):
+            if weights[j] > 0.0:
+                s = a0 * sources[j, 0] + a1 * sources[j, 1] + a2 * sources[j, 2]
+                if s > best:
+                    best = s
+                    arg = j
+        project_velocity(V, sources[arg, 0], sources[arg, 1], sources[arg, 2], x0, x1, x2, velocity[i])
+
+
+def _normalise(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def geodesic_noise_step(x, s, xi):
+    """The geodesic random walk step of the module docstring: exp_x(s P_x ξ) for positions x (n, 3)
+    and standard normal ξ (n, 3); s ≥ 0 the step scale √(2∫ν). Returns new unit vectors."""
+    eta = xi - np.einsum("nd,nd->n", xi, x)[:, None] * x
+    r = np.linalg.norm(eta, axis=1)
+    safe = np.where(r > 0, r, 1.0)
+    angle = s * r
+    out = np.cos(angle)[:, None] * x + (np.sin(angle) / safe)[:, None] * eta
+    return _normalise(out)
+
+
+def noise_mean_factor(s):
+    """m(s) = E[cos(sR)], R the norm of a standard 2-d Gaussian: E[x_{n+1} | x_n] = m(s) x_n for a
+    pure-noise step of geodesic_noise_step. Closed form 1 − √2 s D(s/√2), D Dawson's integral."""
+    from scipy.special import dawsn
+
+    s = np.asarray(s, dtype=float)
+    return 1.0 - math.sqrt(2.0) * s * dawsn(s / math.sqrt(2.0))
+
+
+def tokens_from_law(law, n, seed=None):
+    """n tokens sampled i.i.d. from an initial law, weights 1/n."""
+    if not (isinstance(n, (int, np.integer)) and n >= 1):
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    x = law.sample(int(n), np.random.default_rng(seed))
+    return x, np.full(int(n), 1.0 / n)
+
+
+def quadrature_particles(mesh, law):
+    """One particle per cell at its centroid: weight = cell mass f̄₀·A (cell average, so the total
+    is exactly 1) and log-density log f₀(centroid) (the point value the particle carries)."""
+    f_bar = law.cell_averages(mesh)
+    with np.errstate(divide="ignore"):
+        log_f = np.log(law.density(mesh.centroids))
+    return mesh.centroids.copy(), f_bar * mesh.area, log_f
+
+
+class ParticleSolver:
+    """Move weighted particles in their own attention field.
+
+    model: an AttentionModel, a MultiHeadModel, a LayerSchedule or a callable t ↦ (B, V, β)
+    (module docstring). scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f
+    along the paths (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞
+    use the token hardmax rule (True) or the local mean-field limit (False, required with
+    carry_density), for every head at β = ∞.
+    noise: None or a spherepde.models.noise.NoiseSchedule; seed (integer ≥ 0) of its random streams
+    (module docstring). Noise refuses carry_density.
+    """
+
+    def __init__(self, model, scheme: str = "rk4", dt: float = 0.01, carry_density: bool = False,
+                 hardmax: bool | None = None, noise=None, seed: int = 0):
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        if not (math.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt must be a positive number, got {dt!r}")
+        self.model = model
+        self.schedule = as_schedule(model)
+        self.scheme = scheme
+        self.dt = float(dt)
+        self.carry_density = bool(carry_density)
+        known = [h for m in (self.schedule.models or ()) for h in heads_of(m)]
+        # whether a head at β = ∞ may occur (always possible for a callable)
+        zero_temperature = any(h.zero_temperature for h in known) if self.schedule.models else True
+        if hardmax is None:
+            hardmax = zero_temperature and not carry_density
+        if hardmax and carry_density:
+            raise ValueError("hardmax tokens have no divergence: carry_density needs the mean-field limit")
+        for head in known:
+            check_model(head.B, head.V, head.beta)
+        self.hardmax = bool(hardmax) and zero_temperature
+        self.evaluations = 0
+        self.noise = None if noise is None or noise.is_zero else noise
+        if self.noise is not None and self.carry_density:
+            raise ValueError("carried densities do not survive noise (d log f/dt = −div v holds only along "
+                             "noiseless paths): use carry_density=False with noise")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        self.seed = int(seed)
+        self._key = None
+        self._use(0.0)
+
+    def _use(self, t):
+        """Take the model of a step starting at t (spherepde.models.heads)."""
+        key = self.schedule.key_at(t)
+        if key != self._key:
+            self._key, self._heads = key, heads_of(self.schedule.model_at(t))
+
+    # ------------------------------------------------------------------ the field
+    def field(self, x, weights):
+        """(v (n, 3), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}
+        (the sum over the heads of the current model)."""
+        self.evaluations += 1
+        velocity = divergence = None
+        for m in self._heads:
+            v, div = self._head_field(m, x, weights)
+            if velocity is None:
+                velocity, divergence = v, div
+            else:
+                velocity = velocity + v
+                divergence = None if div is None else divergence + div
+        return velocity, divergence
+
+    def _head_field(self, m, x, weights):
+        """One head's field and divergence (None when not carried)."""
+        n = x.shape[0]
+        if self.hardmax and m.zero_temperature:
+            v = np.empty((n, 3))
+            hardmax_field(x, np.ascontiguousarray(m.B.T), x, weights, m.V, v)
+            return v, None
+        if m.zero_temperature:
+            v, div = np.empty((n, 3)), np.empty(n)
+            zero_temperature_field(x, m.B, m.M, self.carry_density, v, div)
+            return v, (div if self.carry_density else None)
+        v, div, _ = attention_field(m, x, weights, x, want_div=self.carry_density, may_cluster=True)
+        return v, div
+
+    # ------------------------------------------------------------------ steps
+    def step(self, x, log_f, weights, dt):
+        """One step of size dt; returns (x, log_f) (log_f None when not carried)."""
+        if self.scheme == "euler":
+            v, div = self.field(x, weights)
+            x_new = _normalise(x + dt * v)
+            return x_new, (None if log_f is None else log_f - dt * div)
+        k_x, k_f = [], []
+        stage_x = x  # d(log f)/dt = −div v(x(t)) does not depend on log f: no stages of it
+        for c in (0.0, 0.5, 0.5, 1.0):
+            if c > 0:
+                stage_x = _normalise(x + c * dt * k_x[-1])
+            v, div = self.field(stage_x, weights)
+            k_x.append(v)
+            k_f.append(div)
+        x_new = _normalise(x + dt / 6 * (k_x[0] + 2 * k_x[1] + 2 * k_x[2] + k_x[3]))
+        if log_f is None:
+            return x_new, None
+        return x_new, log_f - dt / 6 * (k_f[0] + 2 * k_f[1] + 2 * k_f[2] + k_f[3])
+
+    def noise_step(self, x, t0, t1, k, j):
+        """The noise of the step from t0 to t1 (step j after snapshot k - 1, i.e. toward snapshot
+        k): a geodesic random walk step drawn from its own stream (module docstring)."""
+        if self.noise is None:
+            return x
+        amount = self.noise.integral(t0, t1)
+        if amount == 0.0:
+            return x
+        stream = np.random.SeedSequence(self.seed, spawn_key=(NOISE_STREAM, int(k), int(j)))
+        xi = np.random.Generator(np.random.PCG64(stream)).standard_normal(x.shape)
+        return geodesic_noise_step(x, math.sqrt(2.0 * amount), xi)
+
+    def snapshots(self, x0, weights, times, log_f0=None, resume_from: int | None = None):
+        """Yield (k, t, x, log_f) at each of the increasing times (times[0] is the start).
+
+        resume_from: x0 (and log_f0) are the state saved at times[resume_from], taken as they
+        are (not normalised again, so the continuation is exact); the snapshots after it are
+        yielded. Raises RunFailure (spherepde.solvers.guards) on a non-finite position or log-density.
+        """
+        x = np.array(x0, dtype=float)
+        if resume_from is None:
+            x = _normalise(x)
+        w = np.asarray(weights, dtype=float)
+        if x.ndim != 2 or x.shape[1] != 3 or w.shape != (x.shape[0],):
+            raise ValueError("positions must be (n, 3) and weights (n,)")
+        if not (np.all(np.isfinite(x)) and np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
+            raise ValueError("positions and weights must be finite, weights >= 0 and not all zero")
+        if self.carry_density and log_f0 is None:
+            raise ValueError("carry_density needs the initial log-density log_f0")
+        log_f = None if not self.carry_density else np.array(log_f0, dtype=float)
+        first = 0 if resume_from is None else resume_from
+        if resume_from is None:
+            yield 0, float(times[0]), x, log_f
+        t = float(times[first])
+        for k in range(first + 1, len(times)):
+            j = 0  # the step's index within the snapshot interval: its noise stream
+            for _, t_next in segments(t, times[k], self.schedule.switch_times):
+                while t < t_next:
+                    remaining = t_next - t
+                    # take the fixed dt, but never leave a sliver shorter than dt/1000 before a
+                    # save or switch time
+                    dt = remaining if remaining <= self.dt * 1.001 else self.dt
+                    self._use(t)  # the model of the step's start, for all its stages
+                    x, log_f = self.step(x, log_f, w, dt)
+                    t_new = t_next if dt == remaining else t + dt
+                    x = self.noise_step(x, t, t_new, k, j)
+                    t, j = t_new, j + 1
+                    Guards.particles(t, x, log_f)
+            yield k, t, x, log_f
+
+    def run(self, x0, weights, t_end: float, save_every: float, log_f0=None) -> xr.Dataset:
+        """Integrate to t_end; Dataset with positions(time, particle, xyz), weights(particle) and,
+        if carried, density(time, particle) = exp(log f)."""
+        times = save_times(t_end, save_every)
+        positions, densities = [], []
+        for _, _, x, log_f in self.snapshots(x0, weights, times, log_f0):
+            positions.append(x.copy())
+            if log_f is not None:
+                densities.append(np.exp(log_f))
+        data = {
+            "positions": (("time", "particle", "xyz"), np.array(positions),
+                          {"long_name": "particle positions on the unit sphere", "units": "1"}),
+            "weights": (("particle",), np.asarray(weights, dtype=float),
+                        {"long_name": "particle weights (mass)", "units": "1"}),
+        }
+        if densities:
+            data["density"] = (("time", "particle"), np.array(densities),
+                               {"long_name": "density carried along the characteristic", "units": "sr-1"})
+        ds = xr.Dataset(data, coords={"time": ("time", np.array(times), {"units": "1", "axis": "T"})})
+        ds.attrs.update({"scheme": self.scheme, "dt": self.dt, "hardmax": int(self.hardmax),
+                         "field_evaluations": self.evaluations})
+        if self.noise is not None:
+            ds.attrs.update({"noise": self.noise.describe(), "noise_seed": self.seed})
+        return ds
+

@@ -1,0 +1,92 @@
+"""spherepde.validation.background: the density along backward characteristics equals the exact β = ∞
+push-forward density (spherepde.analysis.exact), and the softmax share of the cells is the plain ratio."""
+
+import numpy as np
+
+from spherepde import AttentionModel, HealpixMesh
+from spherepde.analysis.exact import zero_temperature_density
+from spherepde.models.initial import VonMisesFisher
+from spherepde.summation.direct import zero_temperature_field
+from spherepde.validation.background import characteristic_density, weight_share
+
+PAPER_V = np.diag([-1.0, 1.0, -2.0])
+PAPER_B = np.diag([-1.0, -1.0, 1.0])
+
+
+def test_characteristic_density_equals_the_exact_push_forward():
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta="inf")
+    law = VonMisesFisher([0.3, -0.2, 0.9], 1.0)
+
+    def field(y, s):
+        v, div = np.empty_like(y), np.empty(len(y))
+        zero_temperature_field(np.ascontiguousarray(y), model.B, model.M, True, v, div)
+        return v, div
+
+    points = HealpixMesh(4).centroids
+    t = 0.8
+    got = characteristic_density(field, law, points, t, dt=0.02)
+    exact = zero_temperature_density(model, law, t)(points)
+    np.testing.assert_allclose(got, exact, rtol=1e-6)
+    assert got.max() / got.min() > 100  # a density that the flow has made far from uniform
+
+
+def test_weight_share_is_the_cells_share_of_the_softmax():
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta=3.0)
+    mesh = HealpixMesh(2)
+    rng = np.random.default_rng(1)
+    f = rng.random(mesh.npix)
+    x = rng.normal(size=(3, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    m = np.array([0.2, 0.5, 0.0])
+    z = x[1]
+    w_cells = np.sum(f * mesh.area * np.exp(model.beta * mesh.centroids @ (model.B.T @ z)))
+    w_atoms = np.sum(m * np.exp(model.beta * x @ (model.B.T @ z)))
+    assert abs(weight_share(model, mesh, f, x, m) - w_cells / (w_cells + w_atoms)) < 1e-14
+
+
+def test_saved_particle_field_interpolates_positions_in_time():
+    """Between two snapshots the particles sit at the normalised linear interpolation of their
+    positions: the field there is the direct sum over those points."""
+    from spherepde.summation import attention_field
+    from spherepde.validation.background import SavedParticleField
+
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta=5.0)
+    rng = np.random.default_rng(2)
+    x0, x1 = (rng.normal(size=(30, 3)) for _ in range(2))
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    x1 /= np.linalg.norm(x1, axis=1, keepdims=True)
+    w = rng.random(30)
+    field = SavedParticleField([0.0, 1.0], np.array([x0, x1]), w, model)
+    y = HealpixMesh(2).centroids
+    mid = 0.75 * x0 + 0.25 * x1
+    mid /= np.linalg.norm(mid, axis=1, keepdims=True)
+    v_ref, div_ref, _ = attention_field(model, mid, w, y, want_div=True, method="direct")
+    v, div = field(y, 0.25)
+    np.testing.assert_allclose(v, v_ref, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(div, div_ref, rtol=0, atol=1e-13)
+
+
+def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
+    """spherepde.validation.background_scaling: the mesh density times s, the removed mass to the living
+    atoms in proportion to their masses; mesh + atoms mass unchanged, dead slots untouched."""
+    from spherepde.validation.background_scaling import rescaled_state
+
+    mesh = HealpixMesh(4)
+    rng = np.random.default_rng(3)
+    f = rng.random(mesh.npix) + 0.1
+    masses = np.array([0.3, 0.0, 0.1])
+    positions = np.array([[1.0, 0, 0], [np.nan] * 3, [0, 0, 1.0]])
+    state = {"atom_position": positions, "atom_mass": masses, "atom_created": np.array([1.0, np.nan, 2.0]),
+             "created": 2, "merged": 0, "refused": 0}
+    record = {"step_safety": 1.0, "steps": 10, "steps_rejected": 0, "sup_div": 1.0, "integrated_sup_div": 2.0,
+              "max_sup_div": 1.0, "velocity_interval": 0.0, "velocity_interval_linear": 0.0,
+              "atoms_created": 2, "atoms_merged": 0, "atoms_refused": 0}
+    s = 1e-3
+    got = rescaled_state(7, f, record, state, mesh, s)
+    total = mesh.integrate(f) + masses.sum()
+    assert got.index == 7
+    np.testing.assert_allclose(got.density, s * f, rtol=0, atol=0)
+    assert abs(mesh.integrate(got.density) + got.atoms["atom_mass"].sum() - total) < 1e-14
+    new = got.atoms["atom_mass"]
+    assert new[1] == 0.0 and abs(new[0] / new[2] - 3.0) < 1e-13
+    assert masses[0] == 0.3  # the caller's state is not changed

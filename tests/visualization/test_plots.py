@@ -1,0 +1,279 @@
+"""`spherepde plot`: the orthographic sphere figure and the movie (--movie). Expectations come
+from the run file (its snapshots, its atoms), not from the plotting code."""
+
+import shutil
+
+import healpy as hp
+import numpy as np
+import pytest
+from run_configs import PAPER_VMF_CONFIG
+from run_helpers import run_config_text
+
+from spherepde.cli import main
+from spherepde.storage.runfile import open_run
+
+PIL = pytest.importorskip("PIL")
+from PIL import Image  # noqa: E402
+
+# the paper's matrices from a vMF start: one atom by t = 0.75, two (antipodal) by t = 1.5 at nside 4
+CONFIG = PAPER_VMF_CONFIG + """
+[eulerian]
+nside = 4
+
+[time]
+t_end = 1.5
+save_every = 0.25
+"""
+
+
+@pytest.fixture(scope="module")
+def atom_run(tmp_path_factory):
+    return run_config_text(tmp_path_factory.mktemp("plots"), "atoms", CONFIG)
+
+
+@pytest.fixture(scope="module")
+def agg():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    yield plt
+    plt.close("all")
+
+
+def living(ds, k):
+    mass = ds["atom_mass"].values[k]
+    alive = mass > 0
+    return ds["atom_position"].values[k][alive], mass[alive]
+
+
+def gif_frames(path):
+    im = Image.open(path)
+    frames = []
+    for i in range(im.n_frames):
+        im.seek(i)
+        frames.append(np.asarray(im.convert("RGB"), dtype=float))
+    return frames
+
+
+def test_the_run_has_atoms(atom_run):
+    """The premise of the atom tests: some snapshot has living atoms, not all the same number."""
+    ds = open_run(atom_run)
+    counts = [(ds["atom_mass"].values[k] > 0).sum() for k in range(ds.sizes["time"])]
+    assert counts[0] == 0 and max(counts) >= 2, counts
+
+
+def test_plot_movie_writes_every_file(atom_run, tmp_path, capsys):
+    assert main(["plot", str(atom_run), "-o", str(tmp_path), "--movie"]) == 0
+    printed = [line.removeprefix("spherepde plot: wrote ") for line in capsys.readouterr().out.splitlines()]
+    names = ["density.png", "diagnostics.png", "sphere.png", "movie.gif"]
+    if shutil.which("ffmpeg"):
+        names.append("movie.mp4")
+    assert printed == [str(tmp_path / f"atoms_{name}") for name in names]
+    for name in names:
+        assert (tmp_path / f"atoms_{name}").stat().st_size > 10_000, name
+    # one frame per snapshot of the file
+    n_snapshots = open_run(atom_run).sizes["time"]
+    assert Image.open(tmp_path / "atoms_movie.gif").n_frames == n_snapshots
+    # without --movie: no movie, the rest as before
+    other = tmp_path / "still"
+    assert main(["plot", str(atom_run), "-o", str(other)]) == 0
+    assert sorted(p.name for p in other.iterdir()) == [f"atoms_{n}" for n in names[:3]]
+
+
+def test_movie_frame_cap_subsamples_evenly(atom_run, tmp_path):
+    from spherepde.visualization.plots import movie_frames
+
+    n = open_run(atom_run).sizes["time"]
+    assert main(["plot", str(atom_run), "-o", str(tmp_path), "--movie", "--frames", "3"]) == 0
+    assert Image.open(tmp_path / "atoms_movie.gif").n_frames == 3
+    for total in (1, 2, 7, 100, 201, 1001):
+        for cap in (1, 2, 3, 50, 200):
+            got = movie_frames(total, cap)
+            assert len(got) == min(total, cap)
+            assert np.all(np.diff(got) > 0) and got[-1] == total - 1
+            if len(got) > 1:
+                assert got[0] == 0
+                assert np.ptp(np.diff(got)) <= 1  # evenly spaced
+    assert list(movie_frames(n, 1000)) == list(range(n))
+
+
+def test_movie_frames_show_the_density(atom_run, tmp_path, agg):
+    """Every frame has contrast; the map area (below the title) changes between snapshots whose
+    density differs, and does not for a run whose density stands still (up to the GIF's palette,
+    chosen per frame: measured 5 to 11 grey levels of mean change against below 0.02)."""
+    from spherepde.visualization.plots import density_movie
+
+    ds = open_run(atom_run)
+    density = ds["density"].values
+    path, = density_movie(ds, tmp_path / "moving", mp4=False)
+    frames = gif_frames(path)
+    assert len(frames) == ds.sizes["time"]
+    maps = [f[int(0.25 * f.shape[0]):] for f in frames]  # below the suptitle
+    for k, f in enumerate(frames):
+        assert f.std() > 10, k
+    for k in range(len(frames) - 1):
+        if np.abs(density[k + 1] - density[k]).max() > 1e-3 * density.max():
+            assert np.abs(maps[k + 1] - maps[k]).mean() > 1.0, k
+    # the same movie of a frozen run (every snapshot = the first): the maps do not change
+    frozen = ds.copy(deep=True)
+    frozen["density"].values[:] = density[0]
+    frozen["atom_mass"].values[:] = ds["atom_mass"].values[0]
+    frozen["atom_position"].values[:] = ds["atom_position"].values[0]
+    path, = density_movie(frozen, tmp_path / "frozen", mp4=False)
+    still = [f[int(0.25 * f.shape[0]):] for f in gif_frames(path)]
+    for k in range(len(still) - 1):
+        assert np.abs(still[k + 1] - still[k]).mean() < 0.2, k
+
+
+@pytest.mark.skipif(not shutil.which("ffmpeg"), reason="ffmpeg is not on the PATH: no MP4 to check")
+def test_mp4_with_ffmpeg(atom_run, tmp_path, agg):
+    from spherepde.visualization.plots import density_movie
+
+    paths = density_movie(open_run(atom_run), tmp_path / "m")
+    mp4 = tmp_path / "m_movie.mp4"
+    assert mp4 in paths and mp4.stat().st_size > 5_000
+    assert mp4.read_bytes()[4:8] == b"ftyp"
+
+
+def test_sphere_figure_is_not_blank(atom_run, tmp_path, agg):
+    from spherepde.visualization.plots import sphere_figure
+
+    ds = open_run(atom_run)
+    fig, axes = sphere_figure(ds)
+    assert axes.shape == (2, 3)  # first and last snapshot
+    fig.savefig(tmp_path / "s.png", dpi=60)
+    image = np.asarray(Image.open(tmp_path / "s.png").convert("RGB"), dtype=float)
+    assert image.std() > 10
+    for ax in axes.flat:  # every panel's image has colour variation on the sphere
+        data = ax.images[0].get_array()
+        assert data.count() > 100 and data.std() > 0
+
+
+def test_projected_grid_puts_each_pixel_where_it_is(agg):
+    """The lookup image shows, at the image position of a point, the HEALPix pixel holding it;
+    an orthographic view covers a disc (π/4 of its square) and hides the far hemisphere."""
+    from spherepde.visualization.plots import ProjectedGrid
+
+    nside = 8
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(200, 3))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    centre = np.array([0.3, -0.5, 0.8])
+    for grid in (ProjectedGrid(nside, "mollweide", xsize=800),
+                 ProjectedGrid(nside, "orthographic", centre, xsize=400)):
+        seen = grid.visible(points)
+        if grid.kind == "orthographic":
+            np.testing.assert_array_equal(seen, points @ centre > 0)
+            assert grid.inside.mean() == pytest.approx(np.pi / 4, abs=0.01)
+        else:
+            assert seen.all()
+        xy = grid.xy(points[seen])
+        ny, nx = grid.pix.shape
+        x0, x1, y0, y1 = grid.extent
+        j = np.clip(((xy[:, 0] - x0) / (x1 - x0) * nx).astype(int), 0, nx - 1)
+        i = np.clip(((xy[:, 1] - y0) / (y1 - y0) * ny).astype(int), 0, ny - 1)
+        want = hp.vec2pix(nside, *points[seen].T, nest=True)
+        hit = grid.inside[i, j] & (grid.pix[i, j] == want)
+        assert hit.mean() > 0.9, (grid.kind, hit.mean())  # points on a pixel edge may round over
+        image = grid.image(np.where(np.arange(12 * nside**2) % 2, np.nan, 1.0))
+        assert image.mask[~grid.inside].all() and 0 < image.count() < grid.inside.sum()
+
+
+def test_atom_markers_count_and_size(atom_run, agg):
+    """Markers: one per living atom on the visible hemisphere (all of them on the Mollweide map),
+    the area increasing with the mass; and the sphere figure draws exactly those."""
+    from spherepde.visualization.plots import (
+        ProjectedGrid,
+        atom_markers,
+        atom_sizes,
+        mass_axis,
+        sphere_figure,
+    )
+
+    ds = open_run(atom_run)
+    last = ds.sizes["time"] - 1
+    positions, masses = ds["atom_position"].values[last], ds["atom_mass"].values[last]
+    pos, mass = living(ds, last)
+    centre = mass_axis(ds["density"].values[last], positions, masses)
+    grids = [ProjectedGrid(4, "mollweide"), ProjectedGrid(4, "orthographic", centre),
+             ProjectedGrid(4, "orthographic", -centre)]
+    expected = [len(mass), int((pos @ centre > 0).sum()), int((pos @ centre < 0).sum())]
+    assert expected[0] >= 2
+    for grid, count in zip(grids, expected):
+        xy, sizes, slots = atom_markers(positions, masses, grid)
+        assert len(xy) == len(sizes) == len(slots) == count
+        assert np.all(masses[slots] > 0) and np.all(np.isfinite(xy))
+    # the figure: the last row's markers are these
+    fig, axes = sphere_figure(ds)
+    for ax, count in zip(axes[-1], expected):
+        assert len(ax.collections[-1].get_offsets()) == count
+    assert all(len(ax.collections[-1].get_offsets()) == 0 for ax in axes[0])  # t = 0: no atoms
+    # sizes grow with the mass; empty slots (mass 0, NaN position) are not drawn
+    rng = np.random.default_rng(0)
+    pts = rng.normal(size=(6, 3))
+    pts /= np.linalg.norm(pts, axis=1, keepdims=True)
+    m = np.array([0.3, 0.0, 0.05, 0.2, 0.6, 0.01])
+    pts[1] = np.nan
+    xy, sizes, slots = atom_markers(pts, m, grids[0])
+    assert list(slots) == [0, 2, 3, 4, 5]
+    assert np.all(np.diff(sizes[np.argsort(m[slots])]) > 0)
+    assert np.all(np.diff(atom_sizes(np.linspace(0, 1, 11))) > 0)
+
+
+def test_mass_axis_points_at_the_mass():
+    from spherepde.visualization.plots import mass_axis
+
+    nside = 8
+    x = np.column_stack(hp.pix2vec(nside, np.arange(12 * nside**2), nest=True))
+    mu = np.array([0.6, 0.0, 0.8])
+    blob = np.exp(10 * (x @ mu))
+    blob /= blob.sum() * 4 * np.pi / blob.size
+    assert mass_axis(blob) @ mu > 0.99
+    # two antipodal atoms over a uniform background: the axis through them, towards the heavier
+    a = np.array([0.0, 0.6, -0.8])
+    axis = mass_axis(np.full(x.shape[0], 0.01), [a, -a, [np.nan] * 3], [0.3, 0.2, 0.0])
+    assert axis @ a > 0.99
+    np.testing.assert_allclose(np.linalg.norm(axis), 1.0)
+
+
+def test_colour_scale_handles_zeros_and_nan():
+    from matplotlib import colors
+
+    from spherepde.visualization.plots import density_norm
+
+    maps = np.array([[0.0, 1e-4, 0.5, np.nan], [2.0, 1e-3, 0.0, np.inf]])
+    norm = density_norm(maps)
+    assert isinstance(norm, colors.LogNorm) and norm.vmin == pytest.approx(1e-4) and norm.vmax == 2.0
+    norm = density_norm(np.array([0.5, 0.6, np.nan]))  # less than a decade: linear
+    assert not isinstance(norm, colors.LogNorm) and (norm.vmin, norm.vmax) == (0.5, 0.6)
+    for flat in (np.full(4, np.nan), np.zeros(4), np.full(4, 0.3)):
+        norm = density_norm(flat)
+        assert np.isfinite(norm.vmin) and norm.vmin < norm.vmax
+
+
+def test_plot_without_atom_variables(atom_run, tmp_path, agg):
+    from spherepde.visualization.plots import density_movie, sphere_figure
+
+    ds = open_run(atom_run)
+    ds = ds.drop_vars([v for v in ds.data_vars if v.startswith("atom")])
+    fig, axes = sphere_figure(ds)
+    assert all(len(ax.collections[-1].get_offsets()) == 0 for ax in axes.flat)
+    path, = density_movie(ds, tmp_path / "plain", max_frames=2, mp4=False)
+    assert Image.open(path).n_frames == 2
+
+
+@pytest.mark.parametrize("case", ["missing", "not a run file", "unwritable out", "zero frames", "frames without movie"])
+def test_plot_movie_bad_input_exit_2(atom_run, tmp_path, capsys, case):
+    args = {"missing": [str(tmp_path / "missing.nc"), "--movie"],
+            "not a run file": [str(tmp_path / "x.nc"), "--movie"],
+            "unwritable out": [str(atom_run), "-o", str(tmp_path / "file" / "sub"), "--movie"],
+            "zero frames": [str(atom_run), "--movie", "--frames", "0"],
+            "frames without movie": [str(atom_run), "--frames", "5"]}[case]
+    (tmp_path / "x.nc").write_text("not netcdf")
+    (tmp_path / "file").write_text("a file, not a folder")
+    assert main(["plot", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("spherepde: error:"), err
+    assert not list(tmp_path.glob("*.gif")) and not list(atom_run.parent.glob("*.gif"))
