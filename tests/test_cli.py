@@ -129,3 +129,11 @@ def test_variants_suite_runs_every_variant_and_lists_their_reports(tmp_path, mon
     text = path.read_text()
     for report in ("heads.md", "noise.md", "unnormalised.md"):
         assert f"[{report}]({report})" in text
+
+
+def test_python_m_spherepde_is_the_command_line():
+    """`python -m spherepde` runs the same command line as `spherepde` (exit status included)."""
+    ok = subprocess.run([sys.executable, "-m", "spherepde", "--version"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("spherepde ")
+    bad = subprocess.run([sys.executable, "-m", "spherepde", "run", "/nonexistent.toml"], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
