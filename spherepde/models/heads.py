@@ -22,21 +22,12 @@ The objects of the theory (docs/theory.md#the-equation-and-its-conventions) for 
 - several heads otherwise (a finite β, or a B_h that is not a multiple of an orthogonal matrix):
   the field is nonlocal or not linear, and E, F and Π are not defined.
 
-Layers (LayerSchedule). Piecewise-constant weights in depth: layer k (an AttentionModel or a
-MultiHeadModel) acts on [s_k, s_{k+1}), s_0 = 0 < s_1 < …. The solvers take the model of a step's
-start time (`model_at`) and land a step exactly on every switch time (`switch_times`), so each
-step sees one model. A Python callable t ↦ (B, V, β) (or t ↦ a model) is a CallableSchedule: its
-model at the start of a step is held over the step (first order in time where the callable varies
-continuously; no step lands on its jumps). A single model is a ConstantSchedule.
-
-Every schedule answers model_at(t), key_at(t) (equal keys: the same model, so the solvers keep
-their summation tables), switch_times and models (the models known in advance; None for a
-callable).
+Layers in depth and callables are spherepde.models.schedule (the one shape of a model: a
+Schedule whose layers are MultiHeadModels).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -44,23 +35,11 @@ from typing import NamedTuple
 import numpy as np
 
 from .attention import AttentionModel
-from .checks import check_model
 
-__all__ = ["MultiHeadModel", "LayerSchedule", "CallableSchedule", "ConstantSchedule", "TheoryObjects",
-           "CONVENTION", "MAX_HEADS", "as_schedule", "heads_of", "theory_objects", "common_beta",
-           "orthogonal_scale"]
+__all__ = ["MultiHeadModel", "TheoryObjects", "CONVENTION", "MAX_HEADS", "theory_objects", "orthogonal_scale"]
 
 CONVENTION = "sum"  # v = Σ_h P_x(V_h m^h): module docstring
 MAX_HEADS = 64
-
-
-def heads_of(model) -> tuple:
-    """The heads (AttentionModel, …) of an AttentionModel or a MultiHeadModel."""
-    if isinstance(model, AttentionModel):
-        return (model,)
-    if isinstance(model, MultiHeadModel):
-        return model.heads
-    raise TypeError(f"expected an AttentionModel or a MultiHeadModel, got {type(model).__name__}")
 
 
 def orthogonal_scale(B, rtol: float = 1e-12) -> float | None:
@@ -91,6 +70,15 @@ class MultiHeadModel:
         object.__setattr__(self, "heads", heads)
 
     @classmethod
+    def of(cls, model) -> "MultiHeadModel":
+        """A model as a layer of heads: a MultiHeadModel as it is, an AttentionModel as its one head."""
+        if isinstance(model, MultiHeadModel):
+            return model
+        if isinstance(model, AttentionModel):
+            return cls((model,))
+        raise TypeError(f"expected an AttentionModel or a MultiHeadModel, got {type(model).__name__}")
+
+    @classmethod
     def from_matrices(cls, heads):
         """From (B, V, β) triples."""
         return cls(tuple(AttentionModel(B, V, beta) for B, V, beta in heads))
@@ -114,7 +102,8 @@ class MultiHeadModel:
     @property
     def beta(self):
         """The common β of the heads, or None when they differ."""
-        return common_beta(self)
+        betas = {h.beta for h in self.heads}
+        return betas.pop() if len(betas) == 1 else None
 
     def describe(self) -> str:
         return f"MultiHeadModel({len(self.heads)} heads, {CONVENTION} of their fields): " + "; ".join(
@@ -136,8 +125,9 @@ class TheoryObjects(NamedTuple):
 
 
 def theory_objects(model) -> TheoryObjects:
-    """E, F and Π of a combined model where the theory defines them (module docstring)."""
-    heads = heads_of(model)
+    """E, F and Π of a layer (a MultiHeadModel, or one AttentionModel) where the theory defines
+    them (module docstring)."""
+    heads = MultiHeadModel.of(model).heads
     if len(heads) == 1:
         return TheoryObjects(heads[0], True, "one head: E, Π of M = VBᵀ, F of V")
     scales = [orthogonal_scale(h.B) for h in heads]
@@ -150,147 +140,3 @@ def theory_objects(model) -> TheoryObjects:
            if not all(h.zero_temperature for h in heads)
            else "a B_h that is not a multiple of an orthogonal matrix (the combined field is not linear)")
     return TheoryObjects(None, False, f"{len(heads)} heads with {why}: E, F and Π not defined")
-
-
-def common_beta(model):
-    """The β shared by every head (of every layer, for a schedule), or None."""
-    if isinstance(model, (LayerSchedule, ConstantSchedule)):
-        betas = {common_beta(m) for m in model.models}
-        return betas.pop() if len(betas) == 1 else None
-    if isinstance(model, CallableSchedule):
-        return None
-    betas = {h.beta for h in heads_of(model)}
-    return betas.pop() if len(betas) == 1 else None
-
-
-# ====================================================================== schedules in depth
-class ConstantSchedule:
-    """One model for all times."""
-
-    switch_times = ()
-
-    def __init__(self, model):
-        heads_of(model)  # type check
-        self.model = model
-        self.models = (model,)
-        self.starts = (0.0,)
-
-    def model_at(self, t):
-        return self.model
-
-    def key_at(self, t):
-        return 0
-
-    def layer_at(self, t) -> int:
-        return 0
-
-    def describe(self) -> str:
-        return self.model.describe()
-
-
-class LayerSchedule:
-    """Piecewise-constant models in depth: models[k] on [starts[k], starts[k+1]), starts[0] = 0,
-    strictly increasing (module docstring). Each model: an AttentionModel or a MultiHeadModel."""
-
-    def __init__(self, starts, models):
-        starts = [float(s) for s in starts]
-        models = tuple(models)
-        if not starts or len(starts) != len(models):
-            raise ValueError("layers: give one start time per model, at least one layer")
-        if starts[0] != 0.0:
-            raise ValueError(f"layers: the first layer must start at 0, got {starts[0]!r}")
-        for k in range(1, len(starts)):
-            if not (math.isfinite(starts[k]) and starts[k] > starts[k - 1]):
-                raise ValueError(f"layers[{k}] start: must be finite and > the previous start "
-                                 f"{starts[k - 1]:g}, got {starts[k]!r}")
-        for m in models:
-            heads_of(m)
-        self.starts = tuple(starts)
-        self.models = models
-
-    @property
-    def switch_times(self):
-        return self.starts[1:]
-
-    def layer_at(self, t) -> int:
-        """The layer k with starts[k] ≤ t < starts[k+1] (the first layer for t < 0)."""
-        return max(bisect.bisect_right(self.starts, t) - 1, 0)
-
-    def model_at(self, t):
-        return self.models[self.layer_at(t)]
-
-    def key_at(self, t):
-        return self.layer_at(t)
-
-    def describe(self) -> str:
-        return f"LayerSchedule({len(self.models)} layers): " + "; ".join(
-            f"from t = {s:g}: {m.describe()}" for s, m in zip(self.starts, self.models))
-
-
-class CallableSchedule:
-    """t ↦ (B, V, β), or t ↦ a model, held constant over each step (module docstring). The model
-    built for the last (B, V, β) is kept, so a callable that returns the same weights over many
-    steps costs one model."""
-
-    switch_times = ()
-    models = None
-    starts = (0.0,)
-
-    def __init__(self, function):
-        if not callable(function):
-            raise TypeError("a schedule function must be callable: t ↦ (B, V, beta)")
-        self.function = function
-        self._last = None  # (t, key, model)
-
-    def _evaluate(self, t):
-        if self._last is not None and self._last[0] == t:
-            return self._last[1], self._last[2]
-        value = self.function(t)
-        if isinstance(value, (AttentionModel, MultiHeadModel)):
-            model = value
-        else:
-            try:
-                B, V, beta = value
-            except (TypeError, ValueError):
-                raise ValueError(f"the schedule function returned {value!r} at t = {t:g}: expected "
-                                 "(B, V, beta) or a model") from None
-            model = None
-            if self._last is not None:
-                old = self._last[2]
-                if (isinstance(old, AttentionModel) and float(beta) == old.beta
-                        and np.array_equal(np.asarray(B, dtype=float), old.B)
-                        and np.array_equal(np.asarray(V, dtype=float), old.V)):
-                    model = old
-            if model is None:
-                model = AttentionModel(B, V, beta)
-        for head in heads_of(model):
-            check_model(head.B, head.V, head.beta)
-        key = tuple((h.B.tobytes(), h.V.tobytes(), h.beta) for h in heads_of(model))
-        self._last = (t, key, model)
-        return key, model
-
-    def model_at(self, t):
-        return self._evaluate(t)[1]
-
-    def key_at(self, t):
-        return self._evaluate(t)[0]
-
-    def layer_at(self, t) -> int:
-        return 0
-
-    def describe(self) -> str:
-        return f"CallableSchedule({getattr(self.function, '__name__', repr(self.function))})"
-
-
-def as_schedule(model):
-    """Any model argument of the solvers as a schedule: an AttentionModel or MultiHeadModel (one
-    model for all times), a LayerSchedule / CallableSchedule / ConstantSchedule, or a callable
-    t ↦ (B, V, β)."""
-    if isinstance(model, (AttentionModel, MultiHeadModel)):
-        return ConstantSchedule(model)
-    if isinstance(model, (ConstantSchedule, LayerSchedule, CallableSchedule)):
-        return model
-    if callable(model):
-        return CallableSchedule(model)
-    raise TypeError(f"expected a model, a LayerSchedule or a callable t -> (B, V, beta), got "
-                    f"{type(model).__name__}")

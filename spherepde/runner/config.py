@@ -732,15 +732,17 @@ def build_initial_law(spec: dict):
 
 
 def build_model(spec: dict):
-    """The model of a resolved [model] section: an AttentionModel, or with heads or layers a
-    MultiHeadModel or LayerSchedule (spherepde.models.heads; a list of one head is that head)."""
+    """The model of a resolved [model] section as the one shape the solvers take: a Schedule
+    (spherepde.models.schedule) of one layer (B, V; or [[model.heads]], a list of one head being
+    that head), or of the layers of [[model.layers]]."""
     from ..models.attention import AttentionModel
+    from ..models.schedule import Schedule
 
     if _combined(spec):
         return _build_combined(spec)
     beta = math.inf if spec["beta"] == "inf" else spec["beta"]
-    return AttentionModel(spec["B"], spec["V"], beta, normalisation=spec.get("normalisation", "softmax"),
-                          unnormalised_scale=spec.get("unnormalised_scale", "none"))
+    return Schedule.constant(AttentionModel(spec["B"], spec["V"], beta, normalisation=spec.get("normalisation", "softmax"),
+                                            unnormalised_scale=spec.get("unnormalised_scale", "none")))
 
 
 def _build_heads(heads, normalisation):
@@ -753,13 +755,13 @@ def _build_heads(heads, normalisation):
 
 
 def _build_combined(spec):
-    """Heads or layers, every head with the model's normalisation."""
-    from ..models.heads import LayerSchedule
+    """Heads or layers, every head with the model's normalisation: a Schedule."""
+    from ..models.schedule import Schedule
 
     normalisation = {"normalisation": spec.get("normalisation", "softmax"),
                      "unnormalised_scale": spec.get("unnormalised_scale", "none")}
     if spec.get("heads") is not None:
-        return _build_heads(spec["heads"], normalisation)
+        return Schedule.constant(_build_heads(spec["heads"], normalisation))
     layers = spec["layers"]
-    return LayerSchedule([layer["start"] for layer in layers],
+    return Schedule([layer["start"] for layer in layers],
                          [_build_heads(layer["heads"], normalisation) for layer in layers])

@@ -51,8 +51,7 @@ from ..analysis.diagnostics import (
     w2_binned,
 )
 from ..geometry.mesh import HealpixMesh
-from ..models.attention import AttentionModel
-from ..models.heads import CONVENTION, as_schedule, common_beta, theory_objects
+from ..models.heads import CONVENTION, theory_objects
 from ..solvers.atoms import ATOM_ARRAYS
 from ..solvers.eulerian import (
     ATOM_META,
@@ -216,11 +215,10 @@ class RunSetup:
     def __init__(self, config):
         eul, dg, pt = config["eulerian"], config["diagnostics"], config["particles"]
         self.config = config
-        self.model = model = build_model(config["model"])
+        self.schedule = schedule = build_model(config["model"])  # the one shape (spherepde.models.schedule)
         self.noise = noise = build_noise(config["model"])
         # heads and layers (spherepde.models.heads): what E, F, Π mean, per layer
-        self.schedule = schedule = as_schedule(model)
-        self.theory = [theory_objects(m) for m in schedule.models]
+        self.theory = [theory_objects(layer) for layer in schedule.layers]
         theory0 = self.theory[0]
         law = build_initial_law(config["initial"])
         self.eulerian = eul["enabled"]
@@ -228,7 +226,7 @@ class RunSetup:
         self.mesh = HealpixMesh(eul["nside"]) if self.eulerian or quadrature else None
         self.C0_user, self.C1 = dg["C0"], dg["C1"]
         self.variables, self.dims, self.arrays, self.static = {}, {}, {}, {}
-        self.attrs = {**_beta_attrs(schedule), "model": model.describe(), **_spectral_attrs(theory0),
+        self.attrs = {**_beta_attrs(schedule), "model": schedule.describe(), **_spectral_attrs(theory0),
                       "initial_law": repr(law), "lyapunov_p": dg["p"]}
         self.attrs.update(_combined_attrs(config, schedule, self.theory))
         self._measures, self._diags, self._pdiags, self._lyapunov0 = {}, {}, {}, {}
@@ -237,7 +235,7 @@ class RunSetup:
         self.f0 = self.solver = self.measure = self.diagnostics = None
         if self.eulerian:
             self._eulerian_layout(law, eul, dg)
-        self.particles = _particle_setup(config, model, law, self.mesh, noise)
+        self.particles = _particle_setup(config, schedule, law, self.mesh, noise)
         if self.particles:
             self._particle_layout(config["particles"], dg)
         # the attributes of the end of the run, with placeholder values of the final types: set
@@ -251,9 +249,9 @@ class RunSetup:
             self.attrs["particle_field_evaluations"] = 0
 
     def _eulerian_layout(self, law, eul, dg):
-        model, mesh = self.model, self.mesh
+        mesh = self.mesh
         self.f0 = f0 = law.cell_averages(mesh)
-        self.solver = EulerianSolver(mesh, model, scheme=eul["scheme"], cfl=eul["cfl"],
+        self.solver = EulerianSolver(mesh, self.schedule, scheme=eul["scheme"], cfl=eul["cfl"],
                                      rk_order=eul["rk_order"], guards=Guards(**self.config["guards"]),
                                      summation=eul["summation"], tolerance=eul["tolerance"],
                                      near_field=eul["near_field"],
@@ -273,7 +271,8 @@ class RunSetup:
         self.variables.update(DIAGNOSTIC_META)
         self.variables["w2_bound_zero_temperature"] = (
             "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞", "1")
-        if self.C1 is not None and isinstance(model, AttentionModel) and not model.zero_temperature:
+        head = self.schedule.single_head
+        if self.C1 is not None and head is not None and not head.zero_temperature:
             self.variables["w2_bound_finite_beta"] = (
                 "2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}): bound on W₂(ρ_t^β, ρ_t^∞)", "1")
         self.attrs.update({
@@ -648,7 +647,7 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
 
 def _beta_attrs(schedule):
     """beta and log_beta: of every head when they share it, else "mixed" (heads, layers)."""
-    beta = common_beta(schedule)
+    beta = schedule.beta
     if beta is None:
         return {"beta": "mixed", "log_beta": "mixed"}
     if math.isinf(beta):

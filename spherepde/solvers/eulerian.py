@@ -38,9 +38,9 @@ the whole fluxes are extrapolated.)
 
 Several heads and layers (spherepde.models.heads): the model may be a MultiHeadModel (the velocity and
 div_S v are sums over the heads, each head with its own summation tables, spherepde.summation.heads;
-atoms are sources and targets of every head), a LayerSchedule (weights piecewise constant in
+atoms are sources and targets of every head), a Schedule (spherepde.models.schedule: weights piecewise constant in
 depth) or a callable t ↦ (B, V, β). Every step uses the model of its start time: the integration
-is cut at the switch times of a LayerSchedule (spherepde.solvers.timeline.segments), so that a step lands
+is cut at the switch times of a Schedule (spherepde.solvers.timeline.segments), so that a step lands
 on each, and the model of the next step is taken after every accepted step. When it changes (a
 switch) the field jumps, so: the summation objects are rebuilt for the new model; the step's
 end is treated like a save time (exact fluxes of the old model, which close its extrapolation
@@ -59,7 +59,7 @@ import numpy as np
 import xarray as xr
 
 from ..models.checks import check_model
-from ..models.heads import as_schedule, common_beta, heads_of
+from ..models.schedule import schedule_of
 from ..storage.runfile import (
     CELL_DIM,
     CELL_INDEX_ATTRS,
@@ -154,7 +154,7 @@ class SolverState:
 
 class EulerianSolver:
     """Solve the mean-field continuity equation on a HealpixMesh for an AttentionModel (or a
-    MultiHeadModel, a LayerSchedule, a callable t ↦ (B, V, β): module docstring).
+    MultiHeadModel, a Schedule, a callable t ↦ (B, V, β): module docstring; turned into a schedule once).
 
     scheme "muscl" or "upwind"; cfl the outflow Courant number; rk_order 2 or 3; guards the
     tolerances of the run guards (spherepde.solvers.guards.Guards; defaults never fire on a healthy run).
@@ -173,10 +173,9 @@ class EulerianSolver:
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
                  near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None,
                  noise=None):
-        self.schedule = as_schedule(model)
-        for known in self.schedule.models or ():
-            for head in heads_of(known):
-                check_model(head.B, head.V, head.beta)
+        self.schedule = schedule_of(model)  # the one conversion (spherepde.models.schedule)
+        for head in self.schedule.heads or ():
+            check_model(head.B, head.V, head.beta)
         self.noise = None if noise is None or noise.is_zero else noise
         if self.noise is not None and atoms is not None:
             raise ValueError("atoms do not combine with noise: a point mass under Brownian motion spreads "
@@ -198,7 +197,7 @@ class EulerianSolver:
         self.switches = 0
         self._use(0.0)  # the summation objects of the model at t = 0
         # whether any target gets near-field corrections (recorded in the output file)
-        later = {(h.B.tobytes(), h.beta): h for m in (self.schedule.models or ())[1:] for h in heads_of(m)}
+        later = {(h.B.tobytes(), h.beta): h for layer in (self.schedule.layers or ())[1:] for h in layer.heads}
         self.near_field_active = (self._edge_field.near is not None or self._cell_field.near is not None
                                   or any(self._needs_near(h) for h in later.values()))
         self._un = np.empty(mesh.edge_weights.shape)
@@ -228,7 +227,7 @@ class EulerianSolver:
             return False
         model = self.schedule.model_at(t)
         self._key, self._active = key, model
-        self._heads = heads_of(model)
+        self._heads = model.heads
         self._edge_field = heads_field(model, self.mesh, self.mesh.edge_points.reshape(-1, 3),
                                        **self._field_options)
         # one AttentionField per head (the split sums take each head's mesh part), and what the
@@ -326,11 +325,11 @@ class EulerianSolver:
         """The work arrays of the split sums (module docstring), or None where they do not apply:
         a head at β = ∞ (its field is local: nothing to split), layers with different head
         counts, or weights from a callable (not known in advance)."""
-        models = self.schedule.models
-        if models is None:
+        layers = self.schedule.layers
+        if layers is None:
             return None
-        counts = {len(heads_of(m)) for m in models}
-        if len(counts) != 1 or any(h.zero_temperature for m in models for h in heads_of(m)):
+        counts = {layer.count for layer in layers}
+        if len(counts) != 1 or any(h.zero_temperature for h in self.schedule.heads):
             return None
         targets = np.ascontiguousarray(self.mesh.edge_points.reshape(-1, 3))
         n = targets.shape[0]
@@ -617,7 +616,7 @@ class EulerianSolver:
         ds.attrs.update({k: attr_value(v) for k, v in {
             "Conventions": "CF-1.13",
             "nside": mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
-            "velocity_tolerance": self.velocity_tolerance, "beta": _beta_attr(self.schedule), "ell0": ell0, "C0": c0,
+            "velocity_tolerance": self.velocity_tolerance, "beta": _beta_attr(self.schedule.beta), "ell0": ell0, "C0": c0,
             "C0_source": "largest sup div v seen in the run" if c0_default else "user",
             "rejected_steps": rejected,
         }.items()})
@@ -626,7 +625,6 @@ class EulerianSolver:
         return ds
 
 
-def _beta_attr(schedule):
-    """β of the run for its attributes: the common β of every head, else "mixed"."""
-    beta = common_beta(schedule)
+def _beta_attr(beta):
+    """β of the run for its attributes: the common β of every head (None: they differ), else "mixed"."""
     return "mixed" if beta is None else beta

@@ -13,9 +13,9 @@ field of ρ itself, v(x_i) = P_x(V m_β(x_i)), computed by spherepde.summation.a
 
 Several heads and layers (spherepde.models.heads): the model may be a MultiHeadModel (the field and its
 divergence are the sums over the heads; at β = ∞ each head follows the rule above: hardmax for
-tokens, the local limit for quadrature particles), a LayerSchedule or a callable t ↦ (B, V, β).
+tokens, the local limit for quadrature particles), a Schedule or a callable t ↦ (B, V, β).
 Each step uses the model of its start time for all its stages, and a step lands on every switch
-time of a LayerSchedule (as on the save times).
+time of a Schedule (as on the save times).
 
 Time steppers (fixed dt, shortened to land on every save time and every switch time):
 - "euler": the paper's scheme x ← (x + Δt v)/|x + Δt v|, log f ← log f − Δt div v;
@@ -50,7 +50,7 @@ import xarray as xr
 from numba import njit, prange
 
 from ..models.checks import check_model
-from ..models.heads import as_schedule, heads_of
+from ..models.schedule import schedule_of
 from ..summation import attention_field, project_velocity, zero_temperature_field
 from .guards import Guards
 from .timeline import save_times, segments
@@ -128,7 +128,7 @@ def quadrature_particles(mesh, law):
 class ParticleSolver:
     """Move weighted particles in their own attention field.
 
-    model: an AttentionModel, a MultiHeadModel, a LayerSchedule or a callable t ↦ (B, V, β)
+    model: an AttentionModel, a MultiHeadModel, a Schedule or a callable t ↦ (B, V, β)
     (module docstring). scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f
     along the paths (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞
     use the token hardmax rule (True) or the local mean-field limit (False, required with
@@ -144,13 +144,13 @@ class ParticleSolver:
         if not (math.isfinite(dt) and dt > 0):
             raise ValueError(f"dt must be a positive number, got {dt!r}")
         self.model = model
-        self.schedule = as_schedule(model)
+        self.schedule = schedule_of(model)  # the one conversion (spherepde.models.schedule)
         self.scheme = scheme
         self.dt = float(dt)
         self.carry_density = bool(carry_density)
-        known = [h for m in (self.schedule.models or ()) for h in heads_of(m)]
+        known = self.schedule.heads or ()
         # whether a head at β = ∞ may occur (always possible for a callable)
-        zero_temperature = any(h.zero_temperature for h in known) if self.schedule.models else True
+        zero_temperature = any(h.zero_temperature for h in known) if self.schedule.layers else True
         if hardmax is None:
             hardmax = zero_temperature and not carry_density
         if hardmax and carry_density:
@@ -173,7 +173,7 @@ class ParticleSolver:
         """Take the model of a step starting at t (spherepde.models.heads)."""
         key = self.schedule.key_at(t)
         if key != self._key:
-            self._key, self._heads = key, heads_of(self.schedule.model_at(t))
+            self._key, self._heads = key, self.schedule.model_at(t).heads
 
     # ------------------------------------------------------------------ the field
     def field(self, x, weights):

@@ -28,7 +28,7 @@ def save_times(t_end: float, save_every: float) -> list[float]:
 
 
 def segments(t0: float, t1: float, breaks=()) -> list[tuple[float, float]]:
-    """[t0, t1] cut at the break times strictly inside it (switch times of a LayerSchedule), as
+    """[t0, t1] cut at the break times strictly inside it (switch times of a Schedule), as
     consecutive (start, end) pairs: a solver that advances to each end exactly lands a step on
     every break. Breaks within BREAK_RTOL of t0 or t1 are taken as t0 or t1. No breaks: [(t0, t1)]."""
     tol = BREAK_RTOL * max(1.0, abs(t0), abs(t1))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.heads import heads_of
 from .field import DEFAULT_TOL, AttentionField, attention_field
 
 __all__ = ["HeadsField", "heads_field", "heads_attention_field"]
@@ -28,7 +27,7 @@ class HeadsField:
     def __init__(self, model, mesh, targets, method="auto", tol=DEFAULT_TOL, near_field=True):
         self.model = model
         self.fields = [AttentionField(h, mesh, targets, method=method, tol=tol, near_field=near_field)
-                       for h in heads_of(model)]
+                       for h in model.heads]
         n = self.fields[0].targets.shape[0]
         self._velocity = np.empty((n, 3))
         self._divergence = np.empty(n)
@@ -63,18 +62,18 @@ class HeadsField:
 
 
 def heads_field(model, mesh, targets, **options):
-    """The field object of a model at fixed targets: the AttentionField of a single head (as in
-    the single-head code), a HeadsField for several."""
-    heads = heads_of(model)
+    """The field object of a layer (a MultiHeadModel) at fixed targets: the AttentionField of a
+    single head (as in the single-head code), a HeadsField for several."""
+    heads = model.heads
     if len(heads) == 1:
         return AttentionField(heads[0], mesh, targets, **options)
     return HeadsField(model, mesh, targets, **options)
 
 
 def heads_attention_field(model, sources, masses, targets, want_div=False, nears=None, **options):
-    """(v, div_S v or None) of the measure Σ masses δ_sources at the targets for a combined model;
-    nears: one NearField (or None) per head; options as attention_field (method, tol)."""
-    heads = heads_of(model)
+    """(v, div_S v or None) of the measure Σ masses δ_sources at the targets for a layer (a
+    MultiHeadModel); nears: one NearField (or None) per head; options as attention_field (method, tol)."""
+    heads = model.heads
     nears = nears if nears is not None else [None] * len(heads)
     velocity = divergence = None
     for head, near in zip(heads, nears):

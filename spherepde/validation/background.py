@@ -127,7 +127,7 @@ def measure(nside, times, out, say=print):
     from ..runner import config as C
 
     cfg, ds = ensure_run(out / f"background_run_nside{nside}.nc", nside, max(times), say)
-    model, law = C.build_model(cfg["model"]), C.build_initial_law(cfg["initial"])
+    model, law = C.build_model(cfg["model"]).single_head, C.build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     field = SavedField(ds, mesh, model)
     rows, shares = [], []
@@ -168,7 +168,7 @@ def particle_field_rows(nside, times, out, say=print):
     from ..runner import config as C
 
     cfg, ds = ensure_run(out / f"background_run_nside{nside}.nc", nside, max(times), say)
-    model, law = C.build_model(cfg["model"]), C.build_initial_law(cfg["initial"])
+    model, law = C.build_model(cfg["model"]).single_head, C.build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     mesh_field = SavedField(ds, mesh, model)
     particle_field = SavedParticleField(ds.time.values, ds.positions.values, ds.particle_weights.values, model)

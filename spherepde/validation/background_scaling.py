@@ -83,7 +83,7 @@ class _Series:
         self.e.append(values["alignment_E"])
         self.f.append(values["alignment_F"])
         xa, ma = setup.solver.atoms.points()
-        self.share.append(weight_share(setup.model, setup.mesh, f, xa, ma, AWAY) if ma.size else 1.0)
+        self.share.append(weight_share(setup.schedule.single_head, setup.mesh, f, xa, ma, AWAY) if ma.size else 1.0)
 
     def dataset(self):
         return xr.Dataset({"alignment_E": ("time", np.array(self.e)), "alignment_F": ("time", np.array(self.f))},

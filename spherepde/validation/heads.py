@@ -37,8 +37,9 @@ from ..analysis.exact import linear_pushforward_density
 from ..analysis.metrics import cell_quadrature_measure
 from ..geometry.mesh import HealpixMesh
 from ..models.attention import AttentionModel
-from ..models.heads import LayerSchedule, MultiHeadModel, as_schedule, theory_objects
+from ..models.heads import MultiHeadModel, theory_objects
 from ..models.initial import ProjectedNormal
+from ..models.schedule import Schedule, schedule_of
 from ..solvers.eulerian import EulerianSolver
 from ..solvers.particles import ParticleSolver, quadrature_particles, tokens_from_law
 from .atoms import RunMeasures, w2_coarsened
@@ -121,13 +122,13 @@ def two_orthogonal_heads():
 
 
 def flow_matrix(schedule, t):
-    """A(t) of the exact β = ∞ flow x ↦ A(t)x/|A(t)x| of a model or LayerSchedule whose every
+    """A(t) of the exact β = ∞ flow x ↦ A(t)x/|A(t)x| of a model or Schedule whose every
     layer has a local linear field (spherepde.models.heads.theory_objects): Π_k e^{τ_k M_k}, τ_k the
     time spent in layer k, later layers on the left."""
-    schedule = as_schedule(schedule)
+    schedule = schedule_of(schedule)
     ends = list(schedule.starts[1:]) + [math.inf]
     A = np.eye(3)
-    for start, end, model in zip(schedule.starts, ends, schedule.models):
+    for start, end, model in zip(schedule.starts, ends, schedule.layers):
         if t <= start:
             break
         A = scipy.linalg.expm((min(t, end) - start) * theory_objects(model).model.M) @ A
@@ -153,7 +154,7 @@ def _exact_rows(make, nsides, times, early, ref_nside, say, label, bins):
     """Tables of the Eulerian + atoms and the quadrature particles against the exact β = ∞ flow of
     make() (a model or schedule): L¹ density error at the early times, W₂ and the mass split at
     the times, the particles' own path and density errors. Returns the lines."""
-    schedule = as_schedule(make())
+    schedule = schedule_of(make())
     t_end = max(times)
     runs = {}
     for n in nsides:
@@ -240,7 +241,7 @@ def equal_layers_lines(nside, t_end, say=print):
     f0 = LAW.cell_averages(mesh)
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
     switch = round(0.37 * t_end, 6)
-    layers = LayerSchedule([0.0, switch], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)])
+    layers = Schedule([0.0, switch], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)])
     saves = [k * t_end / 4 for k in range(5)]
     with_switch = sorted(saves + [switch])
     one = {t: (f.copy(), r["atom_mass_total"]) for _, t, f, r in
@@ -272,12 +273,12 @@ def zero_temperature_layers():
     """Layer 1: the paper's matrices; layer 2 from SWITCH: two heads with orthogonal B_h."""
     second = MultiHeadModel((AttentionModel(np.eye(3), V_TILTED, math.inf),
                              AttentionModel(ROTATION, np.diag([0.3, 0.1, -0.4]), math.inf)))
-    return LayerSchedule([0.0, SWITCH], [AttentionModel(PAPER_B, PAPER_V, math.inf), second])
+    return Schedule([0.0, SWITCH], [AttentionModel(PAPER_B, PAPER_V, math.inf), second])
 
 
 def zero_temperature_layers_lines(nsides, times, ref_nside, say=print, bins=2000):
     schedule = zero_temperature_layers()
-    M2 = theory_objects(schedule.models[1]).model.M
+    M2 = theory_objects(schedule.layers[1]).model.M
     lines = [f"Layer 1 (t < {SWITCH:g}): M_1 = VBᵀ = diag(1, −1, −2); layer 2: two heads, M_2 = "
              f"{np.array2string(M2, precision=3, separator=', ')}; exact map e^{{(t−{SWITCH:g})M_2}}e^{{{SWITCH:g}M_1}}.",
              ""]
@@ -385,7 +386,7 @@ def _cost_lines(nside, t_end, n_tokens, say):
                      f"{tcpu:.3g} | {tcpu / t1:.2f} | {tsums:.3g} | {tsums / ts1:.2f} |")
     lines += ["", _per_call_line(x_tok, w_tok)]
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
-    layers = LayerSchedule([0.0, t_end / 2], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)])
+    layers = Schedule([0.0, t_end / 2], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)])
     one = two = math.inf
     for _ in range(REPEATS):
         one = min(one, _timed(lambda: EulerianSolver(mesh, model, **EULERIAN).run(f0, t_end, t_end / 2), 1)[0])

@@ -199,7 +199,7 @@ class Case:
         self.particle_mode = pt["mode"] if pt else None
         self.n_tokens = int(pt["n"]) if pt and pt["mode"] == "tokens" else 0
         self.seed = int(pt["seed"]) if pt and pt["mode"] == "tokens" else None
-        self.model = build_model(cfg["model"])
+        self.model = build_model(cfg["model"]).single_head  # the paper's cases: one head
         self.initial_law = build_initial_law(cfg["initial"])
         if series is None:
             series = _diagnostics(ds)

@@ -15,14 +15,9 @@ from run_helpers import one_numba_thread  # noqa: F401 (autouse: one numba threa
 from spherepde.analysis.exact import zero_temperature_density
 from spherepde.cli import main
 from spherepde.models.attention import AttentionModel
-from spherepde.models.heads import (
-    MultiHeadModel,
-    as_schedule,
-    heads_of,
-    orthogonal_scale,
-    theory_objects,
-)
+from spherepde.models.heads import MultiHeadModel, orthogonal_scale, theory_objects
 from spherepde.models.initial import ProjectedNormal, Uniform, VonMisesFisher
+from spherepde.models.schedule import Schedule, schedule_of
 from spherepde.models.weights import resolve_weights
 from spherepde.runner.config import build_model, difference, resolve
 from spherepde.solvers.eulerian import EulerianSolver
@@ -118,11 +113,11 @@ def test_combined_models_refuse_bad_input():
     with pytest.raises(TypeError):
         MultiHeadModel((PAPER_B,))
     with pytest.raises(TypeError):
-        as_schedule("not a model")
+        schedule_of("not a model")
     with pytest.raises(ValueError, match="expected"):
-        as_schedule(lambda t: 3.0).model_at(0.0)
+        schedule_of(lambda t: 3.0).model_at(0.0)
     with pytest.raises(ValueError, match="largest entry"):
-        as_schedule(lambda t: (PAPER_B, 1e60 * PAPER_V, 1.0)).model_at(0.0)
+        schedule_of(lambda t: (PAPER_B, 1e60 * PAPER_V, 1.0)).model_at(0.0)
     with pytest.raises(ValueError, match="largest entry"):
         EulerianSolver(None, MultiHeadModel((AttentionModel(PAPER_B, 1e60 * PAPER_V, 1.0),)))
 
@@ -288,12 +283,13 @@ def test_heads_config_resolves_and_builds():
     heads = cfg["model"]["heads"]
     assert [h["beta"] for h in heads] == [10.0, "inf"]  # the default β, and the head's own
     assert cfg["model"]["B"] is None and cfg["model"]["V"] is None and cfg["model"]["layers"] is None
-    model = build_model(cfg["model"])
-    assert isinstance(model, MultiHeadModel) and model.count == 2
-    np.testing.assert_array_equal(model.heads[1].B, ROTATION)
+    schedule = build_model(cfg["model"])  # the one shape: a Schedule of one layer of two heads
+    assert isinstance(schedule, Schedule) and len(schedule.layers) == 1 and schedule.layers[0].count == 2
+    np.testing.assert_array_equal(schedule.layers[0].heads[1].B, ROTATION)
+    assert schedule.describe().startswith("MultiHeadModel(2 heads")
     # one [[model.heads]] table is that head
     one = resolve(tomllib_loads(heads_config(heads="[[model.heads]]" + TWO_HEADS.split("[[model.heads]]")[1])))
-    assert isinstance(build_model(one["model"]), AttentionModel)
+    assert isinstance(build_model(one["model"]).single_head, AttentionModel)
 
 
 def tomllib_loads(text):
@@ -317,7 +313,7 @@ def test_heads_run_file_records_the_heads_and_flags_undefined_diagnostics(tmp_pa
         assert ds.attrs["head_convention"] == "sum"
         assert int(ds.attrs["E_defined"]) == e_defined and int(ds.attrs["F_defined"]) == 0
         rebuilt = build_model(stored["model"])
-        assert [h.beta for h in heads_of(rebuilt)] == [10.0 if name == "finite" else math.inf, math.inf]
+        assert [h.beta for h in rebuilt.heads] == [10.0 if name == "finite" else math.inf, math.inf]
         assert np.isnan(ds.alignment_F.values).all() and np.isnan(ds.particle_alignment_F.values).all()
         for var in ("alignment_E", "w2_to_projection", "lyapunov", "w2_bound_zero_temperature",
                     "particle_alignment_E"):

@@ -1,4 +1,4 @@
-"""Weights that change with depth (spherepde.models.heads: LayerSchedule, callables): steps land on every
+"""Weights that change with depth (spherepde.models.schedule: Schedule, callables): steps land on every
 switch time and use the model of their start; two layers of equal weights are one run (both
 solvers, atoms, extrapolated fluxes); a callable equals the schedule it describes; two different
 layers at β = ∞ follow the composition of the two exact flows; a run resumed across a switch
@@ -15,8 +15,9 @@ from run_helpers import ROUND_OFF, interrupt_after, one_numba_thread, run_differ
 from spherepde.analysis.exact import linear_pushforward_density
 from spherepde.cli import main
 from spherepde.models.attention import AttentionModel
-from spherepde.models.heads import LayerSchedule, MultiHeadModel, theory_objects
+from spherepde.models.heads import MultiHeadModel, theory_objects
 from spherepde.models.initial import ProjectedNormal, Uniform, VonMisesFisher
+from spherepde.models.schedule import Schedule
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.solvers.particles import (
     ParticleSolver,
@@ -35,8 +36,8 @@ ATOMS = dict(capacity=16, width=1.3, min_mass=1e-4, merge=0.5, feeding=True)
 
 
 
-class Recording(LayerSchedule):
-    """A LayerSchedule that records every time the solvers ask for the model's key."""
+class Recording(Schedule):
+    """A Schedule that records every time the solvers ask for the model's key."""
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -49,19 +50,20 @@ class Recording(LayerSchedule):
 
 def two_layers(beta=10.0, start=0.4, second=None):
     first = AttentionModel(PAPER_B, PAPER_V, beta)
-    return LayerSchedule([0.0, start], [first, second or AttentionModel(np.eye(3), V_TILTED, beta)])
+    return Schedule([0.0, start], [first, second or AttentionModel(np.eye(3), V_TILTED, beta)])
 
 
 # ------------------------------------------------------------------ schedule and timeline
 def test_layer_schedule_and_segments():
     a, b = AttentionModel(PAPER_B, PAPER_V, 3.0), AttentionModel(np.eye(3), V_TILTED, 3.0)
-    s = LayerSchedule([0.0, 0.5], [a, b])
-    assert s.model_at(0.0) is a and s.model_at(0.5 - 1e-15) is a and s.model_at(0.5) is b and s.model_at(9) is b
+    s = Schedule([0.0, 0.5], [a, b])
+    assert s.model_at(0.0).heads == (a,) and s.model_at(0.5 - 1e-15).heads == (a,)
+    assert s.model_at(0.5).heads == (b,) and s.model_at(9).heads == (b,)
     assert s.switch_times == (0.5,) and s.key_at(0.49) == 0 and s.key_at(0.5) == 1
     for starts, models, match in (([0.1], [a], "start at 0"), ([0.0, 0.5, 0.5], [a, b, a], "previous start"),
                                   ([0.0], [a, b], "one start time per model")):
         with pytest.raises(ValueError, match=match):
-            LayerSchedule(starts, models)
+            Schedule(starts, models)
     assert segments(0.0, 1.0, [0.3, 0.7, 1.5, 1e-13, 1.0 - 1e-13]) == [(0.0, 0.3), (0.3, 0.7), (0.7, 1.0)]
     assert segments(0.2, 0.4, ()) == [(0.2, 0.4)]
     times = [k * 0.1 for k in range(6)]  # 3·0.1 = 0.30000000000000004
@@ -73,12 +75,12 @@ def test_steps_land_on_switch_times_and_use_the_model_of_their_start(mesh_factor
     end exactly there, one switch is taken, and the particles ask for the model at step starts
     only (the RK4 stages of a step keep it)."""
     mesh = mesh_factory(4)
-    schedule = Recording([0.0, 0.37], two_layers().models)
+    schedule = Recording([0.0, 0.37], two_layers().layers)
     f0 = VonMisesFisher([0.6, 0.0, 0.8], 3.0).cell_averages(mesh)
     solver = EulerianSolver(mesh, schedule, atoms=ATOMS, velocity_tolerance=1e-3)
     solver.run(f0, 0.6, 0.3)
     assert 0.37 in schedule.asked and solver.switches == 1 and solver._key == 1
-    schedule = Recording([0.0, 0.37], two_layers().models)
+    schedule = Recording([0.0, 0.37], two_layers().layers)
     x0, w = tokens_from_law(VonMisesFisher([0.6, 0.0, 0.8], 3.0), 50, seed=1)
     ParticleSolver(schedule, "rk4", 0.05).run(x0, w, 0.6, 0.3)
     starts = schedule.asked[1:]  # the first is the constructor's
@@ -100,7 +102,7 @@ def test_two_equal_layers_equal_one_run_eulerian(mesh_factory, velocity_toleranc
     opts = dict(atoms=ATOMS, velocity_tolerance=velocity_tolerance)
     one = {t: (f.copy(), dict(rec)) for _, t, f, rec in
            EulerianSolver(mesh, model, **opts).snapshots(f0, [0.0, 0.2, 0.3, 0.4, 0.6])}
-    solver = EulerianSolver(mesh, LayerSchedule([0.0, 0.3], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)]), **opts)
+    solver = EulerianSolver(mesh, Schedule([0.0, 0.3], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)]), **opts)
     two = {t: (f.copy(), dict(rec)) for _, t, f, rec in solver.snapshots(f0, [0.0, 0.2, 0.4, 0.6])}
     assert solver.switches == 1 and one[0.6][1]["atom_count"] > 0
     for t in (0.2, 0.4, 0.6):
@@ -120,7 +122,7 @@ def test_two_equal_layers_equal_one_run_particles(mesh_factory, mode):
         x0, w, log_f0 = quadrature_particles(mesh_factory(4), law)
     carry = mode == "quadrature"
     one = ParticleSolver(model, "rk4", 0.05, carry_density=carry).run(x0, w, 0.8, 0.4, log_f0=log_f0)
-    two = ParticleSolver(LayerSchedule([0.0, 0.4], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)]), "rk4", 0.05,
+    two = ParticleSolver(Schedule([0.0, 0.4], [model, AttentionModel(PAPER_B, PAPER_V, 10.0)]), "rk4", 0.05,
                          carry_density=carry).run(x0, w, 0.8, 0.4, log_f0=log_f0)
     np.testing.assert_array_equal(two.positions.values, one.positions.values)
     if carry:
@@ -128,11 +130,11 @@ def test_two_equal_layers_equal_one_run_particles(mesh_factory, mode):
 
 
 def test_callable_equals_the_layer_schedule_it_describes(mesh_factory):
-    """t ↦ (B, V, β) switching at a save time equals the LayerSchedule: both solvers, atoms and
+    """t ↦ (B, V, β) switching at a save time equals the Schedule: both solvers, atoms and
     extrapolated fluxes; a constant callable equals the model."""
     mesh = mesh_factory(4)
     schedule = two_layers(start=0.4)
-    first, second = schedule.models
+    (first,), (second,) = (layer.heads for layer in schedule.layers)
 
     def weights(t):
         m = first if t < 0.4 else second
@@ -167,7 +169,7 @@ def zero_temperature_layers():
     second = MultiHeadModel((AttentionModel(np.eye(3), V_TILTED, math.inf),
                              AttentionModel(np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
                                             np.diag([0.3, 0.1, -0.4]), math.inf)))
-    return LayerSchedule([0.0, 0.4], [AttentionModel(PAPER_B, PAPER_V, math.inf), second])
+    return Schedule([0.0, 0.4], [AttentionModel(PAPER_B, PAPER_V, math.inf), second])
 
 
 def test_two_layers_zero_temperature_composed_exact_flow(mesh_factory):
@@ -175,7 +177,7 @@ def test_two_layers_zero_temperature_composed_exact_flow(mesh_factory):
     composition e^{0.4 M_2} e^{0.4 M_1} (second order; the first flow alone is far off), and the
     quadrature particles' paths and carried densities against it."""
     schedule = zero_temperature_layers()
-    M1, M2 = (theory_objects(m).model.M for m in schedule.models)
+    M1, M2 = (theory_objects(m).model.M for m in schedule.layers)
     law, t = Uniform(), 0.8
     exact = linear_pushforward_density(law, composed(t, 0.4, M1, M2))
     err = {}
@@ -189,7 +191,7 @@ def test_two_layers_zero_temperature_composed_exact_flow(mesh_factory):
     # local fields: sup div v is constant within a layer, so ∫ sup div v = 0.4 S₁ + 0.4 S₂ exactly
     # when the trapezoid after the switch starts from the new model's value (the right limit)
     sup = [float(heads_attention_field(model, m.centroids, m.area * np.ones(m.npix), m.centroids, True)[1].max())
-           for model in schedule.models]
+           for model in schedule.layers]
     assert ds.sup_div.values.tolist() == pytest.approx([sup[0], sup[1], sup[1]], rel=1e-12)
     assert ds.integrated_sup_div.values[-1] == pytest.approx(0.4 * sup[0] + 0.4 * sup[1], rel=1e-12)
 

@@ -15,15 +15,15 @@ def test_flow_matrix_composes_the_layers_exact_flows():
     """A(t) of the β = ∞ layers is e^{(t−s)M_2}e^{sM_1} after the switch s, e^{tM_1} before it;
     the exact measure pushed by it equals the layer-by-layer push of spherepde.validation.paper."""
     schedule = vh.zero_temperature_layers()
-    M1, M2 = (theory_objects(m).model.M for m in schedule.models)
+    M1, M2 = (theory_objects(m).model.M for m in schedule.layers)
     s = vh.SWITCH
     np.testing.assert_allclose(vh.flow_matrix(schedule, 0.7 * s), scipy.linalg.expm(0.7 * s * M1), rtol=1e-13)
     A = scipy.linalg.expm(1.5 * M2) @ scipy.linalg.expm(s * M1)
     np.testing.assert_allclose(vh.flow_matrix(schedule, s + 1.5), A, rtol=1e-12)
     x, w = vh.exact_measure(schedule, s + 1.5, 4)
     x0, w0 = cell_quadrature_measure(vh.LAW, 4)
-    stepwise = zero_temperature_push(theory_objects(schedule.models[1]).model,
-                                     zero_temperature_push(schedule.models[0], x0, s), 1.5)
+    stepwise = zero_temperature_push(theory_objects(schedule.layers[1]).model,
+                                     zero_temperature_push(schedule.layers[0].heads[0], x0, s), 1.5)
     np.testing.assert_allclose(x, stepwise, atol=1e-12)
     np.testing.assert_array_equal(w, w0)
     heads = vh.two_orthogonal_heads()
