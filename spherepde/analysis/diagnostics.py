@@ -34,18 +34,11 @@ import math
 
 import numpy as np
 
+from ..storage.schema import DIAGNOSTIC_META
+
 __all__ = ["alignment", "projection_atoms", "w2_to_two_atoms", "w2_binned", "lyapunov",
-           "lyapunov_integrand", "lyapunov_cell_averages", "MeasureDiagnostics", "DIAGNOSTIC_META",
+           "lyapunov_integrand", "lyapunov_cell_averages", "MeasureDiagnostics",
            "theory_curves"]
-
-# name → (long_name, units) of the per-snapshot diagnostics of a measure
-DIAGNOSTIC_META = {
-    "alignment_E": ("∫|Q_E x|² dρ_t, Q_E orthogonal projector onto E (principal eigenspace of VBᵀ)", "1"),
-    "alignment_F": ("∫|Q_F x|² dρ_t, Q_F orthogonal projector onto F (principal eigenspace of V)", "1"),
-    "w2_to_projection": ("W₂(ρ_t, Π#ρ₀), chordal metric", "1"),
-    "lyapunov": ("V_p(ρ_t) = ∫ (|(I−P_E)x|²/|P_E x|²)^p dρ_t", "1"),
-}
-
 
 def _normalised(weights):
     w = np.asarray(weights, dtype=float)

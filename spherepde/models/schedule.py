@@ -4,7 +4,7 @@ MultiHeadModel (one head being the simplest layer, one layer the simplest schedu
 Schedule. Piecewise-constant weights in depth: layer k acts on [s_k, s_{k+1}), s_0 = 0 < s_1 < ….
 The solvers take the layer of a step's start time (`model_at`) and land a step exactly on every
 switch time (`switch_times`), so each step sees one layer. `Schedule.constant(model)` is one
-layer for all times. A run config builds a Schedule (spherepde.runner.config.build_model); the
+layer for all times. A run config builds a Schedule (spherepde.runner.build.build_model); the
 solvers, the fields and the run use it as it is.
 
 CallableSchedule. A Python callable t ↦ (B, V, β) (or t ↦ a model): its layer at the start of a

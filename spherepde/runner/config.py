@@ -63,11 +63,16 @@ import math
 import tomllib
 from pathlib import Path
 
+import numpy as np
+
+from ..models import weights
 from ..models.attention import UNSCALED_EXPONENT_MAX
 from ..models.checks import check_model
+from ..models.heads import MAX_HEADS
+from ..models.noise import SCHEDULES, NoiseSchedule
+from .build import build_initial_law, build_model
 
-__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference",
-           "build_noise"]
+__all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference"]
 
 
 class ConfigError(ValueError):
@@ -212,8 +217,6 @@ def _weight_settings(model, given):
 def _resolve_weights(model, given):
     """B and V as matrices (a law of spherepde.models.weights drawn with weight_seed, or the other
     matrix); model["weights"] records where they came from."""
-    from ..models import weights
-
     _weight_settings(model, given)
     seed = model["weight_seed"]
     names = weights.LAWS + weights.REFERENCES
@@ -252,10 +255,6 @@ def _combined(model) -> bool:
 def _resolve_head(section, table, beta, seed, scale, key, laws):
     """One head {B, V, beta} of a combined model (spherepde.models.heads), checked as [model] is; the
     laws drawn from the stream `key`, recorded in laws."""
-    import numpy as np
-
-    from ..models import weights
-
     for name in ("B", "V"):
         if name not in table:
             raise ConfigError(f"[{section}] {name}: required")
@@ -286,8 +285,6 @@ def _resolve_head(section, table, beta, seed, scale, key, laws):
 
 def _resolve_heads(section, value, beta, seed, scale, key, laws):
     """The heads list of [model] or of a layer: [{B, V, beta}], each β explicit."""
-    from ..models.heads import MAX_HEADS
-
     where = f"{section}.heads"
     if not isinstance(value, list) or not value or not all(isinstance(h, dict) for h in value):
         raise ConfigError(f"[{section}] heads: must be a non-empty list of tables [[{where}]] with B, V "
@@ -367,8 +364,6 @@ def _resolve_normalisation(model):
                           f'got {model["unnormalised_scale"]!r}')
     if model["normalisation"] != "unnormalised":
         return
-    import numpy as np
-
     # every head of every layer: one normalisation for the whole model (spherepde.models.heads)
     for section, beta, B in _heads_for_checks(model):
         if math.isinf(beta):
@@ -396,7 +391,32 @@ def _heads_for_checks(model):
 
 
 def resolve(raw: dict) -> dict:
-    """Validate a parsed config and fill in defaults. Raises ConfigError naming the first bad key."""
+    """Validate a parsed config and fill in defaults, one section after the other. Raises
+    ConfigError naming the first bad key."""
+    cfg = _with_defaults(raw)
+    given = {section: raw.get(section, {}) for section in DEFAULTS}  # the keys the file sets
+    noisy = _resolve_model(cfg["model"], given["model"])
+    cfg["initial"] = _resolve_initial(cfg["initial"])
+    _resolve_eulerian(cfg["eulerian"], given["eulerian"], cfg["model"], noisy, cfg["particles"])
+    _resolve_time(cfg["time"], cfg["model"])
+    if cfg["particles"] is not None:
+        _resolve_particles(cfg["particles"], cfg["time"])
+    _resolve_diagnostics(cfg["diagnostics"])
+    _resolve_guards(cfg["guards"])
+    _resolve_output(cfg["output"])
+    # a config that resolves must build: the model and the law refuse what the checks above
+    # let through (e.g. mu = [0, 0, 1e-162], whose norm underflows)
+    for section, build in (("model", build_model), ("initial", build_initial_law)):
+        try:
+            build(cfg[section])
+        except ValueError as exc:
+            raise ConfigError(f"[{section}] {exc}") from None
+    return cfg
+
+
+def _with_defaults(raw) -> dict:
+    """The sections of a parsed config over the defaults: unknown sections and keys refused
+    ([initial] keys depend on its kind: checked there), required keys present."""
     if not isinstance(raw, dict):
         raise ConfigError("config: must be a TOML document of sections")
     for section, table in raw.items():
@@ -416,33 +436,34 @@ def resolve(raw: dict) -> dict:
             if section == "model" and key in ("B", "V") and _combined(cfg["model"]):
                 continue  # each head or layer has its own
             raise ConfigError(f"[{section}] {key}: required")
+    return cfg
 
-    model = cfg["model"]
+
+def _resolve_model(model, given) -> bool:
+    """[model] in place: β, the matrices (or heads, layers), normalisation, noise. True when there
+    is noise."""
     model["beta"] = _beta_value("model", model["beta"])
     if _combined(model):  # several heads or layers (spherepde.models.heads): each checked like [model]
-        _resolve_combined(model, raw.get("model", {}))
+        _resolve_combined(model, given)
     else:
-        _resolve_weights(model, raw.get("model", {}))
+        _resolve_weights(model, given)
         try:
             check_model(model["B"], model["V"], model["beta"])
         except ValueError as exc:
             raise ConfigError(f"[model] {exc}") from None
-        if math.isinf(model["beta"]):
-            import numpy as np
-
-            if np.linalg.matrix_rank(np.array(model["B"])) < 3:
-                raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
+        if math.isinf(model["beta"]) and np.linalg.matrix_rank(np.array(model["B"])) < 3:
+            raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
     _resolve_normalisation(model)
     if math.isinf(model["beta"]):
         model["beta"] = "inf"  # JSON has no infinity
-    noisy = _resolve_noise(model)
+    return _resolve_noise(model)
 
-    cfg["initial"] = _resolve_initial(cfg["initial"])
 
-    eul = cfg["eulerian"]
+def _resolve_eulerian(eul, given, model, noisy, particles):
+    """[eulerian] in place (given: the keys the file sets, on which some defaults depend)."""
     if not isinstance(eul["enabled"], bool):
         raise ConfigError(f"[eulerian] enabled: must be true or false, got {eul['enabled']!r}")
-    if not eul["enabled"] and cfg["particles"] is None:
+    if not eul["enabled"] and particles is None:
         raise ConfigError("[eulerian] enabled: false needs a [particles] section (the run would solve nothing)")
     nside = eul["nside"]
     if isinstance(nside, bool) or not isinstance(nside, int) or nside < 1 or nside & (nside - 1):
@@ -470,7 +491,6 @@ def resolve(raw: dict) -> dict:
         raise ConfigError(f"[eulerian] atom_min_mass: must be < 1 (a fraction of the total mass), "
                           f"got {eul['atom_min_mass']:g}")
     eul["atom_merge"] = _number("eulerian", "atom_merge", eul["atom_merge"], low=0.0, high=4.0)
-    given = raw.get("eulerian", {})  # the keys the file sets (defaults below depend on it)
     if nside < STALLED_RULE_MIN_NSIDE:
         # a cell of nside ≤ 4 is ≥ 0.5 rad wide: a peak 1.7 cells wide is a third of a hemisphere,
         # not a cluster (measured: tests/models/test_schedule.py's vMF κ = 3 run made half its mass one atom
@@ -505,7 +525,9 @@ def resolve(raw: dict) -> dict:
             raise ConfigError(f"[eulerian] rk_order: must be 2 with noise ([model] noise = {model['noise']:g} > 0: "
                               f"the integrating-factor step of the diffusion), got {eul['rk_order']}")
 
-    tm = cfg["time"]
+
+def _resolve_time(tm, model):
+    """[time] in place; every layer must start before t_end."""
     tm["t_end"] = _number("time", "t_end", tm["t_end"], positive=True)
     tm["save_every"] = _number("time", "save_every", tm["save_every"], positive=True)
     if tm["save_every"] > tm["t_end"]:
@@ -516,10 +538,9 @@ def resolve(raw: dict) -> dict:
         if layer["start"] >= tm["t_end"]:
             raise ConfigError(f"[model.layers[{k}]] start: must be < t_end = {tm['t_end']:g}, got {layer['start']:g}")
 
-    if cfg["particles"] is not None:
-        _resolve_particles(cfg["particles"], tm)
 
-    dg = cfg["diagnostics"]
+def _resolve_diagnostics(dg):
+    """[diagnostics] in place."""
     dg["p"] = _number("diagnostics", "p", dg["p"], positive=True, high=1.0)
     for key in ("C0", "C1"):
         if dg[key] is not None:
@@ -528,29 +549,23 @@ def resolve(raw: dict) -> dict:
     if isinstance(w2, bool) or not isinstance(w2, int) or w2 < 1 or w2 & (w2 - 1) or w2 > 32:
         raise ConfigError(f"[diagnostics] w2_nside: must be a power of two <= 32, got {w2!r}")
 
-    gd = cfg["guards"]
+
+def _resolve_guards(gd):
+    """[guards] in place."""
     gd["mass_tolerance"] = _number("guards", "mass_tolerance", gd["mass_tolerance"], positive=True)
     gd["negative_tolerance"] = _number("guards", "negative_tolerance", gd["negative_tolerance"], low=0.0)
     gd["dt_floor"] = _number("guards", "dt_floor", gd["dt_floor"], positive=True)
 
-    out = cfg["output"]
+
+def _resolve_output(out):
+    """[output] in place."""
     if out["path"] is not None and (not isinstance(out["path"], str) or not out["path"].strip()):
         raise ConfigError(f"[output] path: must be a non-empty string, got {out['path']!r}")
-    # a config that resolves must build: the model and the law refuse what the checks above
-    # let through (e.g. mu = [0, 0, 1e-162], whose norm underflows)
-    for section, build in (("model", build_model), ("initial", build_initial_law)):
-        try:
-            build(cfg[section])
-        except ValueError as exc:
-            raise ConfigError(f"[{section}] {exc}") from None
-    return cfg
 
 
 def _resolve_noise(model) -> bool:
     """Check the noise keys of [model] in place; True when there is noise (ν ≢ 0). Keys that the
     schedule does not use are recorded as None."""
-    from ..models.noise import SCHEDULES, NoiseSchedule
-
     model["noise"] = _number("model", "noise", model["noise"], low=0.0, high=NOISE_MAX)
     schedule = model["noise_schedule"]
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
@@ -594,13 +609,6 @@ def _resolve_noise(model) -> bool:
     return not NoiseSchedule(model["noise"], schedule, model["noise_time"], model["noise_breakpoints"]).is_zero
 
 
-def build_noise(spec: dict):
-    """The spherepde.models.noise.NoiseSchedule of a resolved [model] section, or None without noise."""
-    from ..models.noise import NoiseSchedule
-
-    return NoiseSchedule.from_config(spec)
-
-
 def _resolve_particles(pt, tm):
     if pt["mode"] not in ("tokens", "quadrature"):
         raise ConfigError(f'[particles] mode: must be "tokens" or "quadrature", got {pt["mode"]!r}')
@@ -642,8 +650,6 @@ def _resolve_initial(table):
     elif kind == "projected_normal":
         out["mean"] = _vector("initial", "mean", table.get("mean", [0.0, 0.0, 0.0]))
         out["cov"] = _matrix("initial", "cov", table.get("cov", [[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]))
-        import numpy as np
-
         cov = np.array(out["cov"])
         if not np.allclose(cov, cov.T):
             raise ConfigError("[initial] cov: must be symmetric")
@@ -714,54 +720,3 @@ def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | Non
             return f"[{section}] {key}: {a.get(key)!r} in the file, {b.get(key)!r} now"
         return f"[{section}]: {a!r} in the file, {b!r} now"
     return None
-
-
-def build_initial_law(spec: dict):
-    """The spherepde.models.initial law described by a resolved [initial] section."""
-    from ..models import initial
-
-    kind = spec["kind"]
-    if kind == "uniform":
-        return initial.Uniform()
-    if kind == "vmf":
-        return initial.VonMisesFisher(spec["mu"], spec["kappa"])
-    if kind == "mixture":
-        return initial.Mixture(spec["weights"],
-                               [initial.VonMisesFisher(c["mu"], c["kappa"]) for c in spec["components"]])
-    return initial.ProjectedNormal(spec["mean"], spec["cov"])
-
-
-def build_model(spec: dict):
-    """The model of a resolved [model] section as the one shape the solvers take: a Schedule
-    (spherepde.models.schedule) of one layer (B, V; or [[model.heads]], a list of one head being
-    that head), or of the layers of [[model.layers]]."""
-    from ..models.attention import AttentionModel
-    from ..models.schedule import Schedule
-
-    if _combined(spec):
-        return _build_combined(spec)
-    beta = math.inf if spec["beta"] == "inf" else spec["beta"]
-    return Schedule.constant(AttentionModel(spec["B"], spec["V"], beta, normalisation=spec.get("normalisation", "softmax"),
-                                            unnormalised_scale=spec.get("unnormalised_scale", "none")))
-
-
-def _build_heads(heads, normalisation):
-    from ..models.attention import AttentionModel
-    from ..models.heads import MultiHeadModel
-
-    models = [AttentionModel(h["B"], h["V"], math.inf if h["beta"] == "inf" else h["beta"], **normalisation)
-              for h in heads]
-    return models[0] if len(models) == 1 else MultiHeadModel(tuple(models))
-
-
-def _build_combined(spec):
-    """Heads or layers, every head with the model's normalisation: a Schedule."""
-    from ..models.schedule import Schedule
-
-    normalisation = {"normalisation": spec.get("normalisation", "softmax"),
-                     "unnormalised_scale": spec.get("unnormalised_scale", "none")}
-    if spec.get("heads") is not None:
-        return Schedule.constant(_build_heads(spec["heads"], normalisation))
-    layers = spec["layers"]
-    return Schedule([layer["start"] for layer in layers],
-                         [_build_heads(layer["heads"], normalisation) for layer in layers])

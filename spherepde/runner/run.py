@@ -43,7 +43,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ..analysis.diagnostics import (
-    DIAGNOSTIC_META,
     MeasureDiagnostics,
     lyapunov,
     lyapunov_cell_averages,
@@ -52,14 +51,8 @@ from ..analysis.diagnostics import (
 )
 from ..geometry.mesh import HealpixMesh
 from ..models.heads import CONVENTION, theory_objects
-from ..solvers.atoms import ATOM_ARRAYS
-from ..solvers.eulerian import (
-    ATOM_META,
-    NOISE_META,
-    SNAPSHOT_META,
-    EulerianSolver,
-    SolverState,
-)
+from ..solvers.controller import SolverState
+from ..solvers.eulerian import EulerianSolver
 from ..solvers.guards import Guards, RunFailure
 from ..solvers.particles import ParticleSolver, quadrature_particles, tokens_from_law
 from ..solvers.timeline import progress_bar, save_times, with_breaks
@@ -72,12 +65,22 @@ from ..storage.runfile import (
     read_resume_point,
     timestamp,
 )
-from .config import build_initial_law, build_model, build_noise, difference
+from ..storage.schema import (
+    ATOM_ARRAYS,
+    ATOM_META,
+    CARRIED_ARRAYS,
+    CARRIED_META,
+    DIAGNOSTIC_META,
+    NOISE_META,
+    PARTICLE_ARRAYS,
+    PARTICLE_META,
+    PARTICLE_WEIGHTS,
+    SOLVER_META,
+)
+from .build import build_initial_law, build_model, build_noise
+from .config import difference
 
-__all__ = ["execute", "build_run", "RunSetup", "SOLVER_META", "run_times"]
-
-SOLVER_META = dict(SNAPSHOT_META,
-                   lower_bound_paper=("½ ℓ₀ exp(−C₀ t): the paper's density lower bound", "sr-1"))
+__all__ = ["execute", "build_run", "RunSetup", "run_times"]
 
 QUADRATURE_ORDER = 2  # 8 points per cell for the diagnostics integrals
 
@@ -190,16 +193,6 @@ def _particle_setup(config, model, law, mesh, noise):
     return _Particles(solver, x0, weights, log_f0, rng_record)
 
 
-PARTICLE_META = {f"particle_{k}": (f"particles: {v[0]}", v[1]) for k, v in DIAGNOSTIC_META.items()}
-PARTICLE_META["w2_eulerian_particles"] = (
-    "W₂ between the Eulerian and the particle measures (discrete OT on HEALPix bins)", "1")
-PARTICLE_META["particle_field_evaluations"] = ("particle field evaluations since t = 0", "1")
-CARRIED_META = {
-    "particle_min_density": ("min over quadrature particles of the carried density", "sr-1"),
-    "particle_max_density": ("max over quadrature particles of the carried density", "sr-1"),
-}
-
-
 def build_run(config: dict) -> "RunSetup":
     """Everything a resolved config (spherepde.runner.config.resolve) builds before the first
     step: model, mesh, f0, solvers, diagnostics and the layout of the run file (RunSetup)."""
@@ -307,13 +300,12 @@ class RunSetup:
         if not self.eulerian:
             del self.variables["w2_eulerian_particles"]
         self.dims.update(particle=x0.shape[0], xyz=3)
-        self.arrays["positions"] = (("particle", "xyz"), "particle positions on the unit sphere", "1")
-        self.static["particle_weights"] = (("particle",), pweights, "particle weights (mass)", "1")
+        self.arrays.update(PARTICLE_ARRAYS)
+        name, dims, long_name, units = PARTICLE_WEIGHTS
+        self.static[name] = (dims, pweights, long_name, units)
         if log_f0 is not None:
             self.variables.update(CARRIED_META)
-            self.arrays["particle_density"] = (("particle",), "density carried along the characteristic", "sr-1")
-            # the state itself: exp and log do not round-trip exactly
-            self.arrays["particle_log_density"] = (("particle",), "log of the carried density", "1")
+            self.arrays.update(CARRIED_ARRAYS)
         self.attrs.update({"particle_mode": pt["mode"], "particle_scheme": psolver.scheme,
                            "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
                            "particle_lyapunov_initial": self.pdiag.lyapunov0})

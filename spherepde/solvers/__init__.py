@@ -2,7 +2,8 @@
 density plus atoms (point masses), the particle solver (tokens, or quadrature particles carrying
 their density), their run guards and the timeline of save and switch times."""
 
-from .eulerian import EulerianSolver, SolverState
+from .controller import SolverState
+from .eulerian import EulerianSolver
 from .guards import Guards, RunFailure
 from .particles import ParticleSolver
 

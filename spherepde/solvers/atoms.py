@@ -81,27 +81,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["Atoms", "unresolved_peaks", "stalled_peaks", "PATCH_SIZE", "ATOM_META", "ATOM_ARRAYS"]
+__all__ = ["Atoms", "unresolved_peaks", "stalled_peaks", "PATCH_SIZE"]
 
 PATCH_SIZE = 64  # the two rings around a group of ≤ 4 tied maxima: at most 6 × 6 cells (7 × 7 for 9)
 TIE = 1e-12  # relative: values this close count as equal (a symmetric state is symmetric to round-off)
-
-# per-snapshot records of the atoms: name → (long_name, units)
-ATOM_META = {
-    "atom_count": ("number of atoms", "1"),
-    "atom_mass_total": ("total mass of the atoms Σ m_k", "1"),
-    "mesh_mass": ("mass of the mesh density ∫f dA", "1"),
-    "atoms_created": ("atoms created since t = 0", "1"),
-    "atoms_merged": ("atom merges since t = 0", "1"),
-    "atoms_refused": ("unresolved peaks left on the mesh since t = 0 because every atom slot was alive", "1"),
-}
-# per-snapshot arrays of the atoms (one slot each): name → (dims without time, long_name, units)
-ATOM_ARRAYS = {
-    "atom_position": (("atom", "xyz"), "atom positions on the unit sphere (NaN: no atom in the slot)", "1"),
-    "atom_mass": (("atom",), "atom masses (0: no atom in the slot)", "1"),
-    "atom_created": (("atom",), "creation time of the slot's atom (NaN: slot never used)", "1"),
-}
-
 
 @njit(cache=True)
 def _add_unique(cells, n, c):

@@ -51,6 +51,8 @@ from numba import njit, prange
 
 from ..models.checks import check_model
 from ..models.schedule import schedule_of
+from ..storage.memory import memory_dataset
+from ..storage.schema import CARRIED_ARRAYS, PARTICLE_ARRAYS, PARTICLE_WEIGHTS
 from ..summation import attention_field, project_velocity, zero_temperature_field
 from .guards import Guards
 from .timeline import save_times, segments
@@ -275,27 +277,24 @@ class ParticleSolver:
             yield k, t, x, log_f
 
     def run(self, x0, weights, t_end: float, save_every: float, log_f0=None) -> xr.Dataset:
-        """Integrate to t_end; Dataset with positions(time, particle, xyz), weights(particle) and,
-        if carried, density(time, particle) = exp(log f)."""
+        """Integrate to t_end; a Dataset laid out as a run file's particles (spherepde.storage.memory):
+        positions(time, particle, xyz), particle_weights(particle) and, if carried,
+        particle_density(time, particle) = exp(log f)."""
         times = save_times(t_end, save_every)
         positions, densities = [], []
         for _, _, x, log_f in self.snapshots(x0, weights, times, log_f0):
             positions.append(x.copy())
             if log_f is not None:
                 densities.append(np.exp(log_f))
-        data = {
-            "positions": (("time", "particle", "xyz"), np.array(positions),
-                          {"long_name": "particle positions on the unit sphere", "units": "1"}),
-            "weights": (("particle",), np.asarray(weights, dtype=float),
-                        {"long_name": "particle weights (mass)", "units": "1"}),
-        }
+        arrays = {name: (dims, np.array(positions), long_name, units)
+                  for name, (dims, long_name, units) in PARTICLE_ARRAYS.items()}
         if densities:
-            data["density"] = (("time", "particle"), np.array(densities),
-                               {"long_name": "density carried along the characteristic", "units": "sr-1"})
-        ds = xr.Dataset(data, coords={"time": ("time", np.array(times), {"units": "1", "axis": "T"})})
-        ds.attrs.update({"scheme": self.scheme, "dt": self.dt, "hardmax": int(self.hardmax),
-                         "field_evaluations": self.evaluations})
+            dims, long_name, units = CARRIED_ARRAYS["particle_density"]
+            arrays["particle_density"] = (dims, np.array(densities), long_name, units)
+        name, dims, long_name, units = PARTICLE_WEIGHTS
+        static = {name: (dims, np.asarray(weights, dtype=float), long_name, units)}
+        attrs = {"scheme": self.scheme, "dt": self.dt, "hardmax": int(self.hardmax), "field_evaluations": self.evaluations}
         if self.noise is not None:
-            ds.attrs.update({"noise": self.noise.describe(), "noise_seed": self.seed})
-        return ds
+            attrs.update({"noise": self.noise.describe(), "noise_seed": self.seed})
+        return memory_dataset(times, arrays=arrays, static=static, attrs=attrs)
 

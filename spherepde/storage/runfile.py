@@ -67,20 +67,22 @@ import warnings
 
 import numpy as np
 
+from .schema import (
+    CELL_DIM,
+    CELL_INDEX_ATTRS,
+    DENSITY_ATTRS,
+    OLD_CELL_DIM,
+    TIME_ATTRS,
+    attr_value,
+    crs_attrs,
+    int_attr,
+    xdggs_attrs,
+)
+
 __all__ = ["RunWriter", "open_run", "read_resume_point", "ResumePoint", "RunFileError", "WriteError",
            "SNAPSHOT_REGULAR", "SNAPSHOT_FAILURE"]
 
 SNAPSHOT_REGULAR, SNAPSHOT_FAILURE = 0, 1
-CELL_DIM = "cell"  # what uxarray (from_healpix's face_dim), easygems and CDO's own output use
-OLD_CELL_DIM = "cells"  # files written before the rename
-CELL_INDEX_ATTRS = {"standard_name": "healpix_index", "long_name": "HEALPix cell index (nested)", "units": "1"}
-# The depth t of the network is dimensionless: units "1". No axis = "T" and no standard_name
-# "time": CF keeps both for calendar time with a reference date ("days since ..."), which CF
-# checkers then demand. xarray decodes only units with "since" as dates, so it leaves these
-# values alone, without a warning. CDO takes the unlimited dimension `time` as its time axis
-# whatever the attributes say: it warns "Unsupported TIMEUNIT: 1!" and writes zero time values
-# in its output (the steps stay in order); docs/file_format.md says so.
-TIME_ATTRS = {"long_name": "time t of the dynamics (depth of the network)", "units": "1"}
 # global attributes written at the end of a run (or at a failure, or a resumption); every other
 # attribute is fixed when the file is created
 RUN_END_ATTRS = ("complete", "C0", "steps", "rejected_steps", "wall_seconds", "particle_field_evaluations",
@@ -102,42 +104,6 @@ class RunFileError(ValueError):
 
 class WriteError(OSError):
     """Writing the run file failed (disk full, quota, I/O error); the message names the file."""
-
-
-INT32 = np.iinfo(np.int32)
-
-
-def int_attr(value):
-    """An integer attribute as a 32-bit int: CDO drops int64 global attributes from the files it
-    writes, and its HEALPix detection wants a plain int refinement_level. A value beyond int32
-    (none of ours in practice) stays int64 rather than being changed."""
-    value = int(value)
-    return np.int32(value) if INT32.min <= value <= INT32.max else np.int64(value)
-
-
-def attr_value(value):
-    """NetCDF attributes cannot be bool, None or dict; integers are stored as 32-bit ints."""
-    if isinstance(value, (bool, np.bool_)):
-        return np.int32(value)
-    if isinstance(value, (int, np.integer)):
-        return int_attr(value)
-    if value is None:
-        return ""
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value)
-    return value
-
-
-def xdggs_attrs(level) -> dict:
-    """The attributes of cell_ids: exactly these three (xdggs 0.6 passes every attribute of the
-    variable into its grid info and refuses an unknown one, standard_name included)."""
-    return {"grid_name": "healpix", "level": int_attr(level), "indexing_scheme": "nested"}
-
-
-def crs_attrs(level) -> dict:
-    """The CF-1.13 healpix grid mapping, and nothing else (xdggs' CF decoder passes every
-    attribute of crs on to its grid info)."""
-    return {"grid_mapping_name": "healpix", "refinement_level": int_attr(level), "indexing_scheme": "nested"}
 
 
 def _plain(value):
@@ -287,8 +253,7 @@ class RunWriter:
         time.setncatts(TIME_ATTRS)
         if mesh is not None:
             dens = per_time("density", "f8", (CELL_DIM,), (mesh.npix,), fill_value=False)
-            dens.setncatts({"long_name": "density f_t w.r.t. surface measure (cell average)",
-                            "units": "sr-1", "grid_mapping": "crs", "coordinates": "cell_ids"})
+            dens.setncatts({**DENSITY_ATTRS, "coordinates": "cell_ids"})
         for name, (long_name, units) in self.variables.items():
             per_time(name, "f8", fill_value=False).setncatts({"long_name": long_name, "units": units})
         for name, size in (dims or {}).items():

@@ -124,10 +124,10 @@ def measure(nside, times, out, say=print):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
     log₁₀(f_mesh / f_char), the leaked mass, and the weight shares."""
     from ..geometry.mesh import HealpixMesh
-    from ..runner import config as C
+    from ..runner.build import build_initial_law, build_model
 
     cfg, ds = ensure_run(out / f"background_run_nside{nside}.nc", nside, max(times), say)
-    model, law = C.build_model(cfg["model"]).single_head, C.build_initial_law(cfg["initial"])
+    model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     field = SavedField(ds, mesh, model)
     rows, shares = [], []
@@ -165,10 +165,10 @@ def particle_field_rows(nside, times, out, say=print):
     particles' own field (both saved in the same run file), and how far apart the feet of the two
     backward characteristics are."""
     from ..geometry.mesh import HealpixMesh
-    from ..runner import config as C
+    from ..runner.build import build_initial_law, build_model
 
     cfg, ds = ensure_run(out / f"background_run_nside{nside}.nc", nside, max(times), say)
-    model, law = C.build_model(cfg["model"]).single_head, C.build_initial_law(cfg["initial"])
+    model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     mesh_field = SavedField(ds, mesh, model)
     particle_field = SavedParticleField(ds.time.values, ds.positions.values, ds.particle_weights.values, model)

@@ -57,7 +57,7 @@ def config_for(law, nside, beta, t_end, save_every=0.1):
 def rescaled_state(k0, f, record, atom_state, mesh, s):
     """SolverState at snapshot k0 with the mesh density scaled by s and the removed mass given to
     the living atoms in proportion to their masses (mesh + atoms mass unchanged)."""
-    from ..solvers.eulerian import SolverState
+    from ..solvers.controller import SolverState
 
     masses = np.array(atom_state["atom_mass"], dtype=float)
     alive = masses > 0

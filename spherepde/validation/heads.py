@@ -112,7 +112,7 @@ def identical_heads_lines(nside, t_end, say=print):
         lines.append(f"| {n} | {_e(_rel(eul.density, eul1.density))} | {_e(_rel(eul.atom_mass, eul1.atom_mass))} | "
                      f"{_e(_rel(eul.sup_div, eul1.sup_div))} | {_e(_rel(tok.positions, tok1.positions))} | "
                      f"{_e(_rel(hard.positions, hard1.positions))} | {_e(_rel(quad.positions, quad1.positions))} | "
-                     f"{_e(_rel(quad.density, quad1.density))} |")
+                     f"{_e(_rel(quad.particle_density, quad1.particle_density))} |")
     return lines
 
 
@@ -218,7 +218,7 @@ def _exact_rows(make, nsides, times, early, ref_nside, say, label, bins):
         mesh, rm, x0, w0, pds = runs[n]
         y = x0 @ A.T
         y /= np.linalg.norm(y, axis=1, keepdims=True)
-        x, f = pds.positions.values[-1], pds.density.values[-1]
+        x, f = pds.positions.values[-1], pds.particle_density.values[-1]
         lines.append(f"| {n} | {np.abs(x - y).max():.1e} | {np.abs(f / density(y) - 1).max():.1e} |")
     atoms = ", ".join(f"nside {n}: {int(runs[n][1].ds.atom_count.values[-1])}" for n in nsides)
     return lines + ["", f"Atoms at t = {t_end:g}: {atoms}."]
@@ -292,12 +292,12 @@ class _SumTimer:
     active: CPU time, not wall time, so that other work on a shared machine does not enter."""
 
     def __init__(self):
-        import spherepde.solvers.eulerian as eulerian_module
         import spherepde.solvers.particles as particles_module
+        import spherepde.solvers.velocity as velocity_module
         import spherepde.summation.field as field_module
         import spherepde.summation.heads as head_fields_module
 
-        self.modules = (field_module, eulerian_module, head_fields_module, particles_module)
+        self.modules = (field_module, velocity_module, head_fields_module, particles_module)
         self.original = field_module.attention_field
         self.seconds = 0.0
 

@@ -186,7 +186,7 @@ class Case:
     """
 
     def __init__(self, spec, path, ds=None, series=None, complete=None, wall=None):
-        from ..runner.config import build_initial_law, build_model
+        from ..runner.build import build_initial_law, build_model
 
         self.spec, self.path, self._ds = spec, Path(path), ds
         cfg = spec.config

@@ -90,7 +90,7 @@ def energy_history(kind, beta=4.0, nside=8, t_end=1.0, save_every=0.1, scale="no
         solver = EulerianSolver(mesh, model, atoms={})
         times, energy = [], []
         for _, t, f, _ in solver.snapshots(law.cell_averages(mesh), np.arange(0, t_end + 1e-12, save_every)):
-            x, m = solver._point_sources(None)
+            x, m = solver.velocity.point_sources(None)
             sources, masses = mesh_sources(mesh, f, x, m)
             times.append(t)
             energy.append(interaction_energy(model, sources, masses, c))

@@ -43,14 +43,14 @@ def run(nside, eps, t_end, save_every):
     mesh = HealpixMesh(nside)
     solver = EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, BETA), velocity_tolerance=eps)
     calls = [0]
-    field = solver._edge_field
+    field = solver.velocity.edge_field
 
     def counted(f, **options):
         calls[0] += 1
         return field(f, **options)
 
     counted.forget_route = field.forget_route
-    solver._edge_field = counted
+    solver.velocity.edge_field = counted
     start = time.perf_counter()
     ds = solver.run(Uniform().cell_averages(mesh), t_end, save_every)
     return ds.density.values, ds, time.perf_counter() - start, calls[0], mesh.area

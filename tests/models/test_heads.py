@@ -19,7 +19,8 @@ from spherepde.models.heads import MultiHeadModel, orthogonal_scale, theory_obje
 from spherepde.models.initial import ProjectedNormal, Uniform, VonMisesFisher
 from spherepde.models.schedule import Schedule, schedule_of
 from spherepde.models.weights import resolve_weights
-from spherepde.runner.config import build_model, difference, resolve
+from spherepde.runner.build import build_model
+from spherepde.runner.config import difference, resolve
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.solvers.particles import (
     ParticleSolver,
@@ -174,8 +175,8 @@ def test_identical_heads_with_v_over_h_equal_one_head_particles(mesh_factory, mo
     three = run(identical_heads(3, beta))
     np.testing.assert_allclose(three.positions.values, one.positions.values, atol=1e-13)
     if carry:
-        np.testing.assert_array_equal(two.density.values, one.density.values)
-        np.testing.assert_allclose(three.density.values, one.density.values, rtol=1e-12)
+        np.testing.assert_array_equal(two.particle_density.values, one.particle_density.values)
+        np.testing.assert_allclose(three.particle_density.values, one.particle_density.values, rtol=1e-12)
     assert np.abs(one.positions.values[-1] - x0).max() > 0.05  # the tokens moved
 
 
@@ -213,7 +214,7 @@ def test_two_orthogonal_heads_zero_temperature_particle_paths(mesh_factory):
     exact_f = zero_temperature_density(effective, law, t)(exact_x)
     ds = ParticleSolver(model, "rk4", 0.02, carry_density=True).run(x0, w, t, t, log_f0=log_f0)
     assert np.abs(ds.positions.values[-1] - exact_x).max() < 1e-6
-    assert np.abs(ds.density.values[-1] / exact_f - 1).max() < 1e-5
+    assert np.abs(ds.particle_density.values[-1] / exact_f - 1).max() < 1e-5
 
 
 # ------------------------------------------------------------------ cost: H heads, H sums
@@ -231,9 +232,9 @@ def test_h_heads_cost_h_sums(mesh_factory, monkeypatch):
 
     monkeypatch.setattr(field_module, "attention_field", counted)
     monkeypatch.setattr(head_fields, "attention_field", counted)
-    import spherepde.solvers.eulerian as eulerian_module
+    import spherepde.solvers.velocity as velocity_module
 
-    monkeypatch.setattr(eulerian_module, "attention_field", counted)
+    monkeypatch.setattr(velocity_module, "attention_field", counted)
     mesh = mesh_factory(4)
     f0 = VonMisesFisher([0.6, 0.0, 0.8], 12.0).cell_averages(mesh)
     counts = {}

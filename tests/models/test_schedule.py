@@ -79,7 +79,7 @@ def test_steps_land_on_switch_times_and_use_the_model_of_their_start(mesh_factor
     f0 = VonMisesFisher([0.6, 0.0, 0.8], 3.0).cell_averages(mesh)
     solver = EulerianSolver(mesh, schedule, atoms=ATOMS, velocity_tolerance=1e-3)
     solver.run(f0, 0.6, 0.3)
-    assert 0.37 in schedule.asked and solver.switches == 1 and solver._key == 1
+    assert 0.37 in schedule.asked and solver.switches == 1 and solver.velocity.key == 1
     schedule = Recording([0.0, 0.37], two_layers().layers)
     x0, w = tokens_from_law(VonMisesFisher([0.6, 0.0, 0.8], 3.0), 50, seed=1)
     ParticleSolver(schedule, "rk4", 0.05).run(x0, w, 0.6, 0.3)
@@ -126,7 +126,7 @@ def test_two_equal_layers_equal_one_run_particles(mesh_factory, mode):
                          carry_density=carry).run(x0, w, 0.8, 0.4, log_f0=log_f0)
     np.testing.assert_array_equal(two.positions.values, one.positions.values)
     if carry:
-        np.testing.assert_array_equal(two.density.values, one.density.values)
+        np.testing.assert_array_equal(two.particle_density.values, one.particle_density.values)
 
 
 def test_callable_equals_the_layer_schedule_it_describes(mesh_factory):
@@ -151,7 +151,7 @@ def test_callable_equals_the_layer_schedule_it_describes(mesh_factory):
     pa = ParticleSolver(schedule, "rk4", 0.05, carry_density=True).run(x0, w, 0.8, 0.4, log_f0=log_f0)
     pb = ParticleSolver(weights, "rk4", 0.05, carry_density=True).run(x0, w, 0.8, 0.4, log_f0=log_f0)
     np.testing.assert_array_equal(pb.positions.values, pa.positions.values)
-    np.testing.assert_array_equal(pb.density.values, pa.density.values)
+    np.testing.assert_array_equal(pb.particle_density.values, pa.particle_density.values)
     const = ParticleSolver(lambda t: (first.B, first.V, first.beta), "rk4", 0.05).run(x0, w, 0.4, 0.4)
     model = ParticleSolver(first, "rk4", 0.05).run(x0, w, 0.4, 0.4)
     np.testing.assert_array_equal(const.positions.values, model.positions.values)
@@ -202,7 +202,7 @@ def test_two_layers_zero_temperature_composed_exact_flow(mesh_factory):
     exact_x = y / np.linalg.norm(y, axis=1, keepdims=True)
     ds = ParticleSolver(schedule, "rk4", 0.02, carry_density=True).run(x0, w, t, t, log_f0=log_f0)
     assert np.abs(ds.positions.values[-1] - exact_x).max() < 1e-6
-    np.testing.assert_allclose(ds.density.values[-1], linear_pushforward_density(law, A)(exact_x), rtol=1e-5)
+    np.testing.assert_allclose(ds.particle_density.values[-1], linear_pushforward_density(law, A)(exact_x), rtol=1e-5)
 
 
 # ------------------------------------------------------------------ config, resume, diagnostics

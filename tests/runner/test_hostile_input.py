@@ -20,15 +20,8 @@ from run_helpers import ROUND_OFF, run_difference
 
 from spherepde import AttentionModel, EulerianSolver, ParticleSolver
 from spherepde.cli import main
-from spherepde.runner.config import (
-    DEFAULTS,
-    ConfigError,
-    build_initial_law,
-    build_model,
-    build_noise,
-    load,
-    resolve,
-)
+from spherepde.runner.build import build_initial_law, build_model, build_noise
+from spherepde.runner.config import DEFAULTS, ConfigError, load, resolve
 from spherepde.solvers.guards import RunFailure
 from spherepde.storage import runfile
 from spherepde.storage.runfile import RUN_END_ATTRS, RunFileError, open_run
@@ -192,7 +185,7 @@ def test_solvers_refuse_or_compute_finite_fields(B, V, beta, mesh_factory):
         return
     f0 = np.full(mesh.npix, 1 / (4 * math.pi))
     f0[:5] *= 2.0
-    v, div, _ = solver.velocity_at_cells(f0)
+    v, div, _ = solver.velocity.at_cells(f0)
     assert np.all(np.isfinite(v)) and np.all(np.isfinite(div))
     pv, _ = particles.field(mesh.centroids, f0 * mesh.area)
     assert np.all(np.isfinite(pv))

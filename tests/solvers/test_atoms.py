@@ -13,7 +13,7 @@ from scipy.integrate import solve_ivp
 
 from spherepde import AttentionModel, EulerianSolver
 from spherepde.solvers.atoms import PATCH_SIZE, Atoms, stalled_peaks, unresolved_peaks
-from spherepde.solvers.eulerian import SolverState
+from spherepde.solvers.controller import SolverState
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -390,7 +390,7 @@ def test_lone_atom_at_an_eigenvector_is_stationary(mesh_factory, beta, feeding):
     e1 = np.array([1.0, 0.0, 0.0])
     state = with_atoms(solver, [e1], [0.5])
     solver.atoms.restore(state["atom_position"], state["atom_mass"], state["atom_created"])
-    v = solver.atom_velocity(0.0, f0, e1[None, :])
+    v = solver.velocity.atom_velocity(0.0, f0, e1[None, :])
     # the uniform part's mean at e₁ is along ±e₁ up to the mesh's asymmetry (HEALPix is symmetric
     # under these reflections only up to the centroids' rounding)
     assert np.abs(v).max() < 1e-12
@@ -422,7 +422,7 @@ def test_two_atoms_follow_the_two_atom_softmax_ode(mesh_factory):
     solver = EulerianSolver(mesh, model, atoms={"capacity": 2})
     state = with_atoms(solver, x0, m)
     solver.atoms.restore(state["atom_position"], state["atom_mass"], state["atom_created"])
-    np.testing.assert_allclose(solver.atom_velocity(0.0, np.zeros(mesh.npix), x0),
+    np.testing.assert_allclose(solver.velocity.atom_velocity(0.0, np.zeros(mesh.npix), x0),
                                two_atom_velocity(model, (x0, m)), rtol=1e-12, atol=1e-14)
 
     def rhs(_, y):

@@ -56,7 +56,7 @@ def test_zero_temperature_paths_and_carried_density(mesh_factory, scheme, order)
     for dt in (0.04, 0.02):
         ds = ParticleSolver(model, scheme, dt, carry_density=True).run(x0, w, t, t, log_f0=logf0)
         ex = np.abs(ds.positions.values[-1] - exact_x).max()
-        ef = np.abs(ds.density.values[-1] / exact_f - 1).max()
+        ef = np.abs(ds.particle_density.values[-1] / exact_f - 1).max()
         errors.append((ex, ef))
     for k in range(2):
         observed = math.log2(errors[0][k] / errors[1][k])

@@ -91,20 +91,20 @@ def test_mesh_part_is_held_to_the_whole_measure(mesh_factory):
     positions[:2] = [[1.0, 0.0, 0.0], [-0.8, 0.0, 0.6]]
     masses[:2], created[:2] = 0.49, 0.0
     solver.atoms.restore(positions, masses, created)
-    solver._sync_points()
+    solver.sync_points()
     f = 0.02 * VonMisesFisher([0.6, 0.0, 0.8], 20.0).cell_averages(mesh) + 1e-9
-    field = solver._edge_heads[0]
+    field = solver.velocity.edge_heads[0]
     field.forget_route()
     field(f, False, log_partition=np.empty(field.targets.shape[0]))
     alone = int(field.stats["handed_back"].sum())
     field.forget_route()
-    split = solver._split_flux(solver._mesh_part(f), None).copy()
+    split = solver.velocity.split_flux(solver.velocity.mesh_part(f), None).copy()
     held = int(field.stats["handed_back"].sum())
     assert alone > 1000 and held < alone / 2, (alone, held)
     exact = EulerianSolver(mesh, model, summation="direct", atoms=ATOMS)
     exact.atoms.restore(positions, masses, created)
-    exact._sync_points()
-    whole = exact.edge_flux(0.0, f)
+    exact.sync_points()
+    whole = exact.velocity.edge_flux(0.0, f)
     assert np.abs(split - whole).max() <= 1e-9 * np.abs(whole).max()
 
 
@@ -115,7 +115,7 @@ def solver_with_atoms(mesh, model):
     positions[:2] = [[0.6, 0.0, 0.8], [0.0, -0.6, -0.8]]
     masses[:2], created[:2] = [0.3, 0.2], 0.0
     solver.atoms.restore(positions, masses, created)
-    solver._sync_points()
+    solver.sync_points()
     return solver, VonMisesFisher([0.0, 0.8, 0.6], 3.0).cell_averages(mesh)
 
 
@@ -132,13 +132,13 @@ def test_split_fluxes_equal_the_exact_fluxes(mesh_factory, which):
         model = MultiHeadModel((AttentionModel(PAPER_B, PAPER_V, 30.0),
                                 AttentionModel(np.eye(3), np.diag([0.2, 1.0, -0.5]), 5.0)))
     solver, f = solver_with_atoms(mesh, model)
-    assert solver._split is not None and solver.atoms.count == 2
-    exact = solver.edge_flux(0.0, f).copy()
-    split = solver._split_flux(solver._mesh_part(f), None)
+    assert solver.velocity.split is not None and solver.atoms.count == 2
+    exact = solver.velocity.edge_flux(0.0, f).copy()
+    split = solver.velocity.split_flux(solver.velocity.mesh_part(f), None)
     assert np.abs(split - exact).max() <= 1e-9 * np.abs(exact).max()
     # the atoms matter: without them the fluxes differ
     solver.atoms.restore(np.full((16, 3), np.nan), np.zeros(16), np.full(16, np.nan))
-    assert np.abs(solver.edge_flux(0.0, f) - exact).max() > 1e-3 * np.abs(exact).max()
+    assert np.abs(solver.velocity.edge_flux(0.0, f) - exact).max() > 1e-3 * np.abs(exact).max()
 
 
 def test_no_split_where_it_does_not_apply(mesh_factory):
@@ -146,9 +146,9 @@ def test_no_split_where_it_does_not_apply(mesh_factory):
     whole-flux path."""
     mesh = mesh_factory(4)
     assert EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, math.inf), velocity_tolerance=1e-3,
-                          atoms=ATOMS)._split is None
-    assert EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, 10.0), velocity_tolerance=1e-3)._split is None
-    assert EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, 10.0), atoms=ATOMS)._split is None
+                          atoms=ATOMS).velocity.split is None
+    assert EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, 10.0), velocity_tolerance=1e-3).velocity.split is None
+    assert EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, 10.0), atoms=ATOMS).velocity.split is None
 
 
 def test_split_run_follows_the_exact_run_with_fewer_evaluations(mesh_factory):
@@ -166,17 +166,17 @@ def test_split_run_follows_the_exact_run_with_fewer_evaluations(mesh_factory):
     for mode in ("exact", "whole", "split"):
         solver = EulerianSolver(mesh, model, velocity_tolerance=0.0 if mode == "exact" else 1e-3, atoms=ATOMS)
         if mode == "whole":  # the previous design: the whole fluxes extrapolated
-            solver._split = None
-            solver._lag = ExtrapolatedFlux(1e-3, mesh.edge_weights.shape)
+            solver.velocity.split = None
+            solver.velocity.lag = ExtrapolatedFlux(1e-3, mesh.edge_weights.shape)
         count = [0]
-        for name in ("edge_flux", "_mesh_part"):
-            original = getattr(solver, name)
+        for name in ("edge_flux", "mesh_part"):
+            original = getattr(solver.velocity, name)
 
             def counted(*args, original=original):
                 count[0] += 1
                 return original(*args)
 
-            setattr(solver, name, counted)
+            setattr(solver.velocity, name, counted)
         runs[mode] = solver.run(f0, 3.0 if mode == "exact" else 6.0, 1.0)
         evaluations[mode] = count[0]
     exact = runs["exact"]

@@ -22,7 +22,8 @@ import xarray as xr
 from run_helpers import run_config_text
 
 from spherepde.geometry.mesh import HealpixMesh
-from spherepde.runner.config import build_model, load, resolve
+from spherepde.runner.build import build_model
+from spherepde.runner.config import load, resolve
 from spherepde.runner.sweep import RunSpec, combine
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.storage import runfile as io

@@ -15,7 +15,8 @@ from run_helpers import start_run, wait_for_snapshots
 
 from spherepde.cli import main
 from spherepde.geometry.mesh import HealpixMesh
-from spherepde.runner.config import build_initial_law, build_model, load, resolve
+from spherepde.runner.build import build_initial_law, build_model
+from spherepde.runner.config import load, resolve
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.storage.runfile import open_run
 

@@ -9,7 +9,8 @@ import pytest
 
 from spherepde.models.attention import AttentionModel
 from spherepde.models.initial import VonMisesFisher
-from spherepde.solvers.eulerian import EulerianSolver, SolverState
+from spherepde.solvers.controller import SolverState
+from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.transport.extrapolated import MAX_GROWTH, ExtrapolatedFlux
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
@@ -138,16 +139,16 @@ def lag_runs(mesh_factory):
         eps, degree = key if isinstance(key, tuple) else (key, 2)
         solver = EulerianSolver(m, model, cfl=0.1, velocity_tolerance=eps)
         if eps:
-            solver._lag.max_degree = degree
+            solver.velocity.lag.max_degree = degree
         calls = [0]
-        field = solver._edge_field
+        field = solver.velocity.edge_field
 
         def counted(f, field=field, calls=calls, **options):
             calls[0] += 1
             return field(f, **options)
 
         counted.forget_route = field.forget_route
-        solver._edge_field = counted
+        solver.velocity.edge_field = counted
         runs[key] = (solver.run(f0, 1.0, 0.25), calls[0])
     return m, model, f0, runs
 
@@ -240,7 +241,7 @@ def test_routing_restarts_at_snapshots(mesh_factory):
     times = np.array([0.0, 0.1, 0.2])
     solver = EulerianSolver(m, model, summation="harmonic", velocity_tolerance=1e-2)
     full = list(solver.snapshots(f0, times))
-    assert solver._edge_field.stats["handed_back"].any()  # the routing was in use
+    assert solver.velocity.edge_field.stats["handed_back"].any()  # the routing was in use
     start = SolverState.from_record(1, full[1][2], full[1][3])
     resumed = list(EulerianSolver(m, model, summation="harmonic", velocity_tolerance=1e-2).snapshots(
         f0, times, start=start))
