@@ -5,6 +5,7 @@ kernels ← the sums ← field and heads ← __init__). The checker parses every
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,27 @@ def test_the_real_package_fails_with_a_planted_upward_import(tmp_path):
     problems = package_violations(copy, "spherepde", PACKAGES, {"summation": SUMMATION})
     assert problems == ["spherepde.geometry.mesh (layer geometry) imports spherepde.solvers.eulerian (layer solvers)",
                         "spherepde.summation.kernels (layer 1) imports spherepde.summation.field (layer 3)"]
+
+
+def unused_private_definitions(folder):
+    """Module-level private functions and classes (`_name`) that nothing in their module uses:
+    dead code, since no other module may import them."""
+    dead = []
+    for path in sorted(Path(folder).rglob("*.py")):
+        text = path.read_text()
+        for node in ast.parse(text).body:
+            if (isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name.startswith("_")
+                    and not node.name.startswith("__")
+                    and len(re.findall(rf"\b{re.escape(node.name)}\b", text)) < 2):
+                dead.append(f"{path.relative_to(folder)}:{node.name}")
+    return dead
+
+
+def test_no_private_definition_is_unused():
+    assert unused_private_definitions(PACKAGE) == []
+
+
+def test_the_dead_code_check_finds_an_unused_helper(tmp_path):
+    write_tree(tmp_path, {"a.py": "def _used():\n    return 1\n\n\ndef f():\n    return _used()\n\n\n"
+                                  "def _padded(n):\n    return n\n"})
+    assert unused_private_definitions(tmp_path) == ["a.py:_padded"]

@@ -125,10 +125,6 @@ def scaled_bessel(kappa, shift, out):
 PAD = 8  # the inner loops of harmonic_row run to a multiple of PAD (no scalar remainders)
 
 
-def _padded(n):
-    return (n + PAD - 1) // PAD * PAD
-
-
 @njit(cache=True)
 def _legendre_tables(L):
     """Recurrence coefficients of the normalised Q_ℓm = P̄_ℓm / sin^m θ: Q_mm (L+1,), a and b
