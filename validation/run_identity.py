@@ -39,82 +39,27 @@ SOLVERS = ROOT / "solvers"
 DETERMINISTIC = {"NUMBA_NUM_THREADS": "1", "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=0"}
 MAY_DIFFER = {"spherepde_version", "created", "history", "wall_seconds", "end_digest", "layout_digest"}
 
-NOISE = """
-[model]
-beta = 6.0
-V = "identity"
-B = "identity"
-noise = 0.05
-noise_schedule = "exponential"
-noise_time = 2.0
-
-[initial]
+PAPER = """V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
+B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]"""
+VMF = """[initial]
 kind = "vmf"
 mu = [0.6, 0.0, 0.8]
-kappa = 3.0
+kappa = 3.0"""
 
-[eulerian]
-nside = 8
-rk_order = 2
 
-[particles]
-mode = "tokens"
-n = 200
-seed = 5
-dt = 0.05
+def _config(model, initial, eulerian, particles, t_end, save_every):
+    return (f"[model]\n{model}\n\n{initial}\n\n[eulerian]\n{eulerian}\n\n[particles]\n{particles}\n\n"
+            f"[time]\nt_end = {t_end}\nsave_every = {save_every}\n")
 
-[time]
-t_end = 1.0
-save_every = 0.25
-"""
 
-TOKENS = """
-[model]
-beta = 30.0
-V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
-B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
-
-[initial]
-kind = "projected_normal"
-mean = [0.3, 0.1, 0.2]
-cov = [[1.0, 0.0, 0.0], [0.0, 0.6, 0.0], [0.0, 0.0, 0.3]]
-
-[eulerian]
-enabled = false
-
-[particles]
-mode = "tokens"
-n = 500
-seed = 11
-dt = 0.02
-
-[time]
-t_end = 4.0
-save_every = 0.5
-"""
-
-RESUMED = """
-[model]
-beta = 10.0
-V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
-B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
-
-[initial]
-kind = "vmf"
-mu = [0.6, 0.0, 0.8]
-kappa = 3.0
-
-[eulerian]
-nside = 8
-
-[particles]
-mode = "quadrature"
-dt = 0.05
-
-[time]
-t_end = 2.0
-save_every = 0.25
-"""
+NOISE = _config('beta = 6.0\nV = "identity"\nB = "identity"\nnoise = 0.05\nnoise_schedule = "exponential"\n'
+                "noise_time = 2.0", VMF, "nside = 8\nrk_order = 2", 'mode = "tokens"\nn = 200\nseed = 5\ndt = 0.05',
+                1.0, 0.25)
+TOKENS = _config(f"beta = 30.0\n{PAPER}",
+                 '[initial]\nkind = "projected_normal"\nmean = [0.3, 0.1, 0.2]\n'
+                 "cov = [[1.0, 0.0, 0.0], [0.0, 0.6, 0.0], [0.0, 0.0, 0.3]]",
+                 "enabled = false", 'mode = "tokens"\nn = 500\nseed = 11\ndt = 0.02', 4.0, 0.5)
+RESUMED = _config(f"beta = 10.0\n{PAPER}", VMF, "nside = 8", 'mode = "quadrature"\ndt = 0.05', 2.0, 0.25)
 
 # name: (config file or text, extra arguments)
 RUNS = {

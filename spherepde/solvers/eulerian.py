@@ -29,13 +29,8 @@ With atoms (spherepde.solvers.atoms) the state is the measure f dA + Σ m_k δ_{
 sources of every velocity evaluation, move with the Runge–Kutta stages of the mesh, and after
 every step are fed, created and merged (in that order) on the new density. The mass guard and
 the record `mass` are those of the whole measure; min f and the density bounds stay on f.
-With atoms and ε > 0 the sums are split: the extrapolation history holds, per head, the softmax
-mean and log-partition of the mesh density alone at the edge points, and the atoms are added to
-them exactly at every stage (spherepde.summation.points). The atoms move, and at large β the
-softmax weights between them change fast, while the background changes slowly; the mesh part
-is then extrapolated over intervals as long as without atoms. The error e is still measured on
-the edge fluxes. (Split only when every head has finite β and every layer as many heads: else
-the whole fluxes are extrapolated.)
+With atoms and ε > 0 the sums are split: the mesh part is extrapolated, the atoms are added
+exactly at every stage (spherepde.solvers.velocity).
 
 Several heads and layers (spherepde.models.heads): the model may be a MultiHeadModel (the velocity and
 div_S v are sums over the heads, each head with its own summation tables, spherepde.summation.heads;
