@@ -37,6 +37,8 @@ SUITES = {s.name: s for s in (
     Suite("paper", "report.md", "the seed paper's experiments", ("quick", "slow", "nsides")),
     Suite("atoms", "atoms.md", "atoms: convergence of the Eulerian state with point masses",
           ("quick", "slow", "nsides")),
+    Suite("tails", "tails.md", "the density's tails relative to f against the exact β = ∞ solution",
+          ("quick", "slow", "nsides")),
     Suite("variants", "variants.md", "the model variants (runs the three suites below)", ("quick",)),
     Suite("unnormalised", "unnormalised.md", "unnormalised attention and the log-partition function", ("quick",),
           part_of="variants"),

@@ -1,0 +1,166 @@
+"""The tails of the density, relative to f (`spherepde validate tails`; issue 37, first part).
+
+At β ≥ 20 the mean field is steered by densities 10⁻¹⁰–10⁻¹⁵ below the clusters
+(docs/theory.md#tails-at-large-β), so the Eulerian density must be accurate relative to f where
+f is tiny. The exact test: β = ∞, the paper's matrices (B orthogonal, so the clock is t), uniform
+start, whose solution is f_t(y) = e^{2t} / (4π |e^{−tM}y|³) (docs/theory.md#formulas-and-exact-solutions).
+Over the tail cells (exact cell average below 10⁻³ of the largest), per time and mesh: the
+median and 90th percentile of |f_h/f − 1| of the cell averages, the largest, and min f_h / min f.
+Exact cell averages by adaptive quadrature: a cell (or sub-square) whose order-8 and order-12
+rules differ by more than 1e-10 relative is split in four, down to 4⁻¹⁴ of a cell; cells above
+1 % of the largest average (the clusters: never tail cells, their peaks ~e^{−2t} wide) keep the
+order-12 value; a cell with a sub-square still unresolved at the largest depth (next to the
+clusters, where the ridge narrows to e^{−3t}) is NaN and left out of the statistics, which say
+how many. Adaptivity is needed: at t = 8 the density has ridges e^{−t} ≈ 3·10⁻⁴ rad wide (the great circle x₃ = 0, on
+which the mass gathers before it reaches ±e₁), where a fixed order-8 rule is off by 37 % (nside 16).
+
+    python -m spherepde.validation.tails [--nside 16 32 64] [--schemes muscl log_muscl] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.exact import zero_temperature_density
+from ..geometry.mesh import HealpixMesh
+from ..models.attention import AttentionModel
+from ..models.initial import Uniform
+from ..solvers.eulerian import EulerianSolver
+from .common import REPO
+
+__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
+
+PAPER_V = np.diag([-1.0, 1.0, -2.0])
+PAPER_B = np.diag([-1.0, -1.0, 1.0])
+TAIL_LEVEL = 1e-3  # tail cells: exact cell average below this fraction of the largest
+TIMES = (2.0, 4.0, 6.0, 8.0)
+EXACT_ORDER = 8
+EXACT_RTOL = 1e-10
+EXACT_DEPTH = 14
+
+
+def exact_cell_averages(mesh, func, rtol=EXACT_RTOL, max_depth=EXACT_DEPTH, bulk=1e-2):
+    """Cell averages (1/A)∫_cell func dA by adaptive quadrature (module docstring), relative to
+    rtol in every cell below `bulk` × the largest; NaN in a cell with a sub-square still
+    unresolved at the largest depth."""
+    def rule(cells, a0, b0, size, order):
+        pts, w = mesh.square_quadrature(cells, a0, b0, size, order)
+        return np.asarray(func(pts.reshape(-1, 3)), dtype=float).reshape(pts.shape[:2]) @ w
+
+    out = rule(np.arange(mesh.npix), 0.0, 0.0, 1.0, 12)
+    cells = np.flatnonzero(out < bulk * out.max())
+    out[cells] = 0.0
+    a0 = b0 = np.zeros(len(cells))
+    size = 1.0
+    for _ in range(max_depth + 1):
+        low, high = rule(cells, a0, b0, size, EXACT_ORDER), rule(cells, a0, b0, size, 12)
+        done = np.abs(low - high) <= rtol * np.abs(high)
+        np.add.at(out, cells[done], high[done] * size * size)
+        if done.all():
+            return out
+        cells, a0, b0 = cells[~done], a0[~done], b0[~done]
+        size *= 0.5
+        cells = np.repeat(cells, 4)
+        a0 = np.repeat(a0, 4) + np.tile([0.0, size, 0.0, size], len(a0))
+        b0 = np.repeat(b0, 4) + np.tile([0.0, 0.0, size, size], len(b0))
+    out[cells] = np.nan
+    return out
+
+
+def tail_errors(mesh, f_mesh, f_exact, level=TAIL_LEVEL) -> dict:
+    """Relative errors of the cell averages f_mesh against f_exact over the tail cells
+    (f_exact < level · max f_exact): count, median, 90th percentile and largest of |f_mesh/f_exact − 1|,
+    min f_mesh / min f_exact (over all cells), and how many cells have no exact value (NaN)."""
+    f_mesh, f_exact = np.asarray(f_mesh, dtype=float), np.asarray(f_exact, dtype=float)
+    known = np.isfinite(f_exact)
+    tail = known & (f_exact < level * np.nanmax(f_exact))
+    rel = np.abs(f_mesh[tail] / f_exact[tail] - 1.0)
+    return {"cells": int(tail.sum()), "median": float(np.median(rel)) if rel.size else math.nan,
+            "p90": float(np.percentile(rel, 90)) if rel.size else math.nan,
+            "max": float(rel.max()) if rel.size else math.nan,
+            "min_ratio": float(f_mesh.min() / np.nanmin(f_exact)), "unresolved": int((~known).sum())}
+
+
+def zero_temperature_run(nside, scheme="muscl", times=TIMES, atoms=True, **options):
+    """{t: tail_errors} of the Eulerian solver at β = ∞ from the uniform law (module docstring),
+    and the wall time. atoms: the solver's default atoms, or none."""
+    mesh = HealpixMesh(nside)
+    model = AttentionModel(PAPER_B, PAPER_V, math.inf)
+    law = Uniform()
+    solver = EulerianSolver(mesh, model, scheme=scheme, atoms={} if atoms else None, **options)
+    all_times = [0.0, *times]
+    start = time.perf_counter()
+    out = {}
+    for _, t, f, _ in solver.snapshots(law.cell_averages(mesh), all_times):
+        if t == 0.0:
+            continue
+        out[t] = tail_errors(mesh, f, exact_cell_averages(mesh, zero_temperature_density(model, law, t)))
+    return out, time.perf_counter() - start
+
+
+def _table(results, nsides, schemes, times, key, fmt):
+    lines = ["| t | " + " | ".join(f"{s}, nside {n}" for s in schemes for n in nsides) + " |",
+             "|---|" + "---|" * (len(schemes) * len(nsides))]
+    for t in times:
+        cells = [fmt(results[(s, n)][0][t][key]) for s in schemes for n in nsides]
+        lines.append(f"| {t:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _orders(results, nsides, schemes, times, key):
+    """Observed orders log₂(e(h)/e(h/2)) of a tail statistic between successive meshes."""
+    lines = ["| t | " + " | ".join(f"{s}, {a} → {b}" for s in schemes for a, b in zip(nsides, nsides[1:])) + " |",
+             "|---|" + "---|" * (len(schemes) * (len(nsides) - 1))]
+    for t in times:
+        cells = []
+        for s in schemes:
+            for a, b in zip(nsides, nsides[1:]):
+                ea, eb = results[(s, a)][0][t][key], results[(s, b)][0][t][key]
+                cells.append(f"{math.log2(ea / eb):.2f}" if ea > 0 and eb > 0 else "—")
+        lines.append(f"| {t:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_muscl"), progress=True):
+    """Write OUT/tails.md: the β = ∞ tail errors of each scheme on each mesh, with orders."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    nsides = list(nsides or ([8, 16] if quick else [16, 32, 64] if slow else [16, 32]))
+    times = TIMES[:2] if quick else TIMES
+    say = (lambda m: print(m, flush=True)) if progress else (lambda m: None)
+    results = {}
+    for s in schemes:
+        for n in nsides:
+            results[(s, n)] = zero_temperature_run(n, s, times)
+            say(f"  tails: {s}, nside {n}: {results[(s, n)][1]:.0f} s")
+    e = lambda x: f"{x:.2g}"  # noqa: E731
+    lines = ["# Tails of the density relative to f (β = ∞, exact solution)", "",
+             f"`spherepde validate tails{' --quick' if quick else ''}`. {__doc__.split(chr(10) + chr(10))[1]}", "",
+             f"Tail cells: exact cell average below {TAIL_LEVEL:g} of the largest; atoms on (the default).", "",
+             "## Median relative error of the tail cells", "", *_table(results, nsides, schemes, times, "median", e),
+             "", "## 90th percentile", "", *_table(results, nsides, schemes, times, "p90", e),
+             "", "## Observed order of the 90th percentile", "", *_orders(results, nsides, schemes, times, "p90"),
+             "", "## min f_h / min f", "", *_table(results, nsides, schemes, times, "min_ratio", lambda x: f"{x:.4f}"),
+             "", "## Tail cells, and cells left out (no converged exact value)", "",
+             *_table(results, nsides, schemes, times, "cells", str), "",
+             *_table(results, nsides, schemes, times, "unresolved", str),
+             "", "## Wall time (s)", "",
+             "| scheme | " + " | ".join(f"nside {n}" for n in nsides) + " |", "|---|" + "---|" * len(nsides),
+             *[f"| {s} | " + " | ".join(f"{results[(s, n)][1]:.1f}" for n in nsides) + " |" for s in schemes]]
+    path = out / "tails.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
+    parser.add_argument("--schemes", nargs="+", default=["muscl", "log_muscl"])
+    parser.add_argument("--out", default=str(REPO / "validation" / "reports" / "tails"))
+    args = parser.parse_args()
+    print(run_suite(args.out, nsides=args.nside, schemes=args.schemes))
