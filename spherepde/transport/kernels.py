@@ -18,7 +18,6 @@ import math
 
 from numba import njit, prange
 
-
 __all__ = [
     "edge_normal_flux",
     "cell_flow_rates",
