@@ -2,7 +2,8 @@
 
 Layers: kernels (numba, per edge / per cell), operator (the right-hand side −div_S(f v) for a
 scheme), stepping (SSP Runge–Kutta with an adaptive Courant step). ``advect`` ties them together
-for a velocity given as a function of time and position. This package knows nothing about
+for a velocity given as a function of time and position; semi_lagrangian carries log f along
+characteristics (accurate relative to f in the tails). This package knows nothing about
 attention: the mean-field solver supplies its own edge fluxes to the same stepper.
 """
 

@@ -30,7 +30,6 @@ import math
 import time
 from pathlib import Path
 
-import healpy as hp
 import numpy as np
 import scipy.linalg
 
@@ -39,6 +38,7 @@ from ..geometry.mesh import HealpixMesh
 from ..models.attention import AttentionModel
 from ..models.initial import Uniform
 from ..solvers.eulerian import EulerianSolver
+from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from .common import REPO
 
 __all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
@@ -114,68 +114,30 @@ def zero_temperature_run(nside, scheme="muscl", times=TIMES, atoms=True, **optio
 SL_STEPS = (0.1, 0.2)  # Δt of the semi-Lagrangian prototype
 
 
-def _tangent_coordinates(mesh, cells, x):
-    """Gnomonic coordinates (u, v) of points x (n, 3) in the tangent plane at the centroids of
-    cells (n,) (a fixed frame per cell)."""
-    c = mesh.centroids[cells]
-    ref = np.where(np.abs(c[:, 2:3]) < 0.9, np.array([[0.0, 0.0, 1.0]]), np.array([[1.0, 0.0, 0.0]]))
-    e1 = np.cross(ref, c)
-    e1 /= np.linalg.norm(e1, axis=1, keepdims=True)
-    e2 = np.cross(c, e1)
-    p = x / np.einsum("nd,nd->n", x, c)[:, None]
-    return np.einsum("nd,nd->n", p, e1), np.einsum("nd,nd->n", p, e2)
-
-
-def _quadratic_fits(mesh):
-    """(stencil (npix, 9): the cell and its neighbours, −1 where missing; fits (npix, 6, 9): the
-    least-squares map from the stencil's values to the coefficients of 1, u, v, u², uv, v²)."""
-    npix = mesh.npix
-    stencil = np.concatenate([np.arange(npix)[:, None], hp.get_all_neighbours(mesh.nside, np.arange(npix),
-                                                                             nest=True).T], axis=1)
-    fits = np.zeros((npix, 6, 9))
-    cells = np.repeat(np.arange(npix), 9)
-    points = mesh.centroids[np.maximum(stencil, 0)].reshape(-1, 3)
-    u, v = _tangent_coordinates(mesh, cells, points)
-    design = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=1).reshape(npix, 9, 6)
-    design[stencil < 0] = 0.0  # a missing neighbour (8 cells have 7) contributes no row
-    fits[:] = np.linalg.pinv(design)
-    return stencil, fits
-
-
 def semi_lagrangian_run(nside, dt, times=TIMES):
-    """{t: statistics} of the semi-Lagrangian prototype (module docstring) at β = ∞ from the
-    uniform law, point values of f at the centroids against the exact ones over the tail
+    """{t: statistics} of the semi-Lagrangian transport of log f (spherepde.transport.semi_lagrangian)
+    at β = ∞ from the uniform law, with the exact local field v = P_x(Mx), div_S v = tr M − 3xᵀMx
+    (B orthogonal): point values of f at the centroids against the exact ones over the tail
     (exact f below 10⁻³ of the largest), and the wall time. The same keys as tail_errors."""
     mesh = HealpixMesh(nside)
     M = PAPER_V @ PAPER_B.T
-    stencil, fits = _quadratic_fits(mesh)
-    c = mesh.centroids
+    interpolant = QuadraticInterpolant(mesh)
 
-    def flow(x, tau):
-        y = x @ scipy.linalg.expm(tau * M).T
-        return y / np.linalg.norm(y, axis=1, keepdims=True)
+    def field(s, x):
+        u = x @ M.T
+        return u - np.sum(u * x, axis=1, keepdims=True) * x, np.trace(M) - 3.0 * np.sum(x * u, axis=1)
 
-    def divergence(x):  # div_S P_x(Mx) = tr M − 3xᵀMx (|Bᵀx| = 1)
-        return np.trace(M) - 3.0 * np.einsum("ni,ij,nj->n", x, M, x)
-
-    departure = flow(c, -dt)  # the field is autonomous: the same departure points every step
-    cell = hp.vec2pix(nside, *departure.T, nest=True)
-    u, v = _tangent_coordinates(mesh, cell, departure)
-    basis = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=1)
-    weights = np.einsum("nk,nkj->nj", basis, fits[cell])  # g(X) = Σ_j weights_j g[stencil_j]
-    nodes, gauss = np.polynomial.legendre.leggauss(5)
-    integral = sum(w * 0.5 * dt * divergence(flow(departure, 0.5 * dt * (x + 1))) for x, w in zip(nodes, gauss))
     g = np.full(mesh.npix, -math.log(4 * math.pi))
     start = time.perf_counter()
-    out, t, steps = {}, 0.0, int(round(max(times) / dt))
-    for n in range(1, steps + 1):
-        g = np.einsum("nj,nj->n", weights, np.where(stencil[cell] >= 0, g[np.maximum(stencil[cell], 0)], 0.0)) - integral
-        t = n * dt
-        match = [s for s in times if abs(s - t) < 1e-9]
+    out = {}
+    for n in range(1, int(round(max(times) / dt)) + 1):
+        g = advance_log_density(interpolant, g, field, (n - 1) * dt, dt)
+        match = [s for s in times if abs(s - n * dt) < 1e-9]
         if match:
-            z = c @ scipy.linalg.expm(-t * M).T
+            t = match[0]
+            z = mesh.centroids @ scipy.linalg.expm(-t * M).T
             exact = 2 * t - math.log(4 * math.pi) - 3 * np.log(np.linalg.norm(z, axis=1))
-            out[match[0]] = tail_errors(mesh, np.exp(g), np.exp(exact))
+            out[t] = tail_errors(mesh, np.exp(g), np.exp(exact))
     return out, time.perf_counter() - start
 
 
@@ -231,11 +193,11 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_
     sl = {(dt, n): semi_lagrangian_run(n, dt, times) for dt in SL_STEPS for n in nsides}
     labels = [f"Δt = {dt:g}" for dt in SL_STEPS]
     sl_results = {(label, n): sl[(dt, n)] for label, dt in zip(labels, SL_STEPS) for n in nsides}
-    lines += ["", "## The candidate: semi-Lagrangian transport of log f (prototype, point values at the centroids)", "",
+    lines += ["", "## The candidate: semi-Lagrangian transport of log f (point values at the centroids)", "",
               "Point values of f at the cell centroids against the exact point values, over the tail (exact "
-              f"f below {TAIL_LEVEL:g} of the largest). A prototype: it carries no mass and no atoms, and it "
-              "follows the exact β = ∞ paths; cell averages, the velocity of the state itself and the coupling "
-              "to the conservative scheme are still to be built. Median:", "",
+              f"f below {TAIL_LEVEL:g} of the largest), spherepde.transport.semi_lagrangian in the exact β = ∞ "
+              "field. Not yet in the solver: it carries no mass and no atoms; cell averages, the velocity "
+              "of the state itself and the coupling to the conservative scheme are still to be built. Median:", "",
               *_table(sl_results, nsides, labels, times, "median", e), "", "90th percentile:", "",
               *_table(sl_results, nsides, labels, times, "p90", e), "", "Observed order of the 90th percentile:", "",
               *_orders(sl_results, nsides, labels, times, "p90"), "", "min f_h / min f:", "",
