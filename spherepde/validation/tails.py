@@ -32,16 +32,20 @@ from pathlib import Path
 
 import numpy as np
 import scipy.linalg
+import xarray as xr
 
+from ..analysis.diagnostics import alignment
 from ..analysis.exact import zero_temperature_density
+from ..analysis.metrics import f_phase_onset, max_alignment
 from ..geometry.mesh import HealpixMesh
 from ..models.attention import AttentionModel
-from ..models.initial import Uniform
+from ..models.initial import ProjectedNormal, Uniform
 from ..solvers.eulerian import EulerianSolver
+from ..summation import attention_field, mesh_sources
 from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from .common import REPO
 
-__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
+__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "coupled_f_onset", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -207,10 +211,89 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_
     return path
 
 
+# ---------------------------------------------------------------------- coupling (prototype)
+PROJECTED_NORMAL = ProjectedNormal([0.3, 0.2, 0.1], [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]])
+COUPLING_TAIL = 1e-3  # cells whose semi-Lagrangian average is below this × the peak take it
+
+
+def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, say=None):
+    """F-onset of the paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
+    (Eulerian + atoms, velocity_tolerance 1e-3), with or without the tails from semi-Lagrangian
+    log f: after every interval dt, g at the centroids is advanced in the field of the state (the
+    attention sums of f dA + atoms, linear in time between the interval's ends), and every cell
+    whose cell average of e^{g} is below COUPLING_TAIL × the peak takes that average; the bulk
+    (the other cells and the atoms) is scaled to keep the mass. A prototype of the coupling, to
+    measure whether it makes the answer converge. Returns (onset, max alignment with E, its time,
+    wall seconds)."""
+    mesh = HealpixMesh(nside)
+    model = AttentionModel(PAPER_B, PAPER_V, beta)
+    solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={})
+    interpolant = QuadraticInterpolant(mesh)
+    g = np.log(PROJECTED_NORMAL.density(mesh.centroids))
+    times = [round(k * dt, 12) for k in range(int(round(t_end / dt)) + 1)]
+
+    def field_of(f):
+        x, m = solver.velocity.point_sources(None)
+        sources, masses = mesh_sources(mesh, f, x, m)
+        return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
+
+    start, previous, series = time.perf_counter(), None, []
+    for k, t, f, _ in solver.snapshots(PROJECTED_NORMAL.cell_averages(mesh), times):
+        if coupled and k > 0:
+            now, t0 = field_of(f), times[k - 1]
+
+            def field(s, x, a=previous, b=now, t0=t0):
+                theta = min(max((s - t0) / dt, 0.0), 1.0)
+                (va, da), (vb, db) = a(x), b(x)
+                return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
+
+            g = advance_log_density(interpolant, g, field, t0, dt)
+            f_sl = interpolant.cell_averages_of_exp(g)
+            atoms = solver.atoms
+            peak = max(f.max(), atoms.masses.max() / mesh.area)
+            tail = (f_sl < COUPLING_TAIL * peak) & (f > 0)
+            gained = (f_sl[tail] - f[tail]).sum() * mesh.area
+            scale = 1.0 - gained / (f[~tail].sum() * mesh.area + atoms.masses.sum())
+            f[tail] = f_sl[tail]  # in place: the solver continues from this density
+            f[~tail] *= scale
+            atoms.masses *= scale
+        if coupled:
+            previous = field_of(f)
+        x, m = solver.velocity.point_sources(None)
+        points, weights = mesh.centroids, f * mesh.area
+        if x is not None:
+            points, weights = np.concatenate([points, x]), np.concatenate([weights, m])
+        series.append((t, alignment(points, weights, model.E.basis), alignment(points, weights, model.F.basis)))
+        if say is not None and k % int(round(2.0 / dt)) == 0:
+            say(f"    nside {nside}, {'coupled' if coupled else 'finite volumes'}: t = {t:g}, "
+                f"E {series[-1][1]:.3f}, F {series[-1][2]:.3f}, {time.perf_counter() - start:.0f} s")
+    ds = xr.Dataset({"alignment_E": ("time", [s[1] for s in series]), "alignment_F": ("time", [s[2] for s in series])},
+                    coords={"time": [s[0] for s in series]})
+    e_max, t_max = max_alignment(ds)
+    return f_phase_onset(ds), e_max, t_max, time.perf_counter() - start
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--schemes", nargs="+", default=["muscl", "log_muscl"])
     parser.add_argument("--out", default=str(REPO / "validation" / "reports" / "tails"))
+    parser.add_argument("--coupling", action="store_true",
+                        help="instead: the F-onset at beta = 30 with and without the coupled tails (coupling.md)")
     args = parser.parse_args()
-    print(run_suite(args.out, nsides=args.nside, schemes=args.schemes))
+    if args.coupling:
+        rows = []
+        for n in args.nside:
+            for coupled in (False, True):
+                onset, e_max, t_max, wall = coupled_f_onset(n, coupled=coupled, say=print)
+                rows.append(f"| {n} | {'tails from semi-Lagrangian log f' if coupled else 'finite volumes + atoms'} | "
+                            f"{onset:.3f} | {e_max:.4f} at {t_max:g} | {wall:.0f} |")
+        path = Path(args.out) / "coupling.md"
+        path.write_text("# F-onset at β = 30 with the coupled tails (prototype)\n\n"
+                        f"`python -m spherepde.validation.tails --coupling --nside {' '.join(map(str, args.nside))}`: "
+                        + coupled_f_onset.__doc__.split(chr(10) + chr(10))[0].replace(chr(10), " ") + "\n\n"
+                        "| nside | tails | F-onset | max alignment with E | wall (s) |\n|---|---|---|---|---|\n"
+                        + "\n".join(rows) + "\n")
+        print(path)
+    else:
+        print(run_suite(args.out, nsides=args.nside, schemes=args.schemes))
