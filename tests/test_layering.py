@@ -104,7 +104,7 @@ def test_every_module_has_a_docstring():
 def test_every_folder_is_a_package_with_a_layer():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     modules = {p.stem for p in PACKAGE.glob("*.py")}
-    assert folders | modules == set(PACKAGES) - {"__main__"} | ({"__main__"} & modules)
+    assert folders | modules == set(PACKAGES)
     for folder in folders:
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
 

@@ -84,12 +84,13 @@ class QuadraticInterpolant:
         design = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=2)
         design[self.stencil < 0] = 0.0
         self.fits = np.ascontiguousarray(np.linalg.pinv(design))  # (npix, 6, 9)
+        self._order = None  # the cell quadrature of cell_averages_of_exp, built on first use
 
     def cell_averages_of_exp(self, g, order: int = 3):
         """Cell averages of e^{ĝ}, ĝ each cell's own quadratic fit of the centroid values g, by the
         cell's exact-area quadrature (spherepde.geometry.mesh.cell_quadrature): the cell averages
         of f = e^{g} that a finite-volume scheme holds, accurate relative to f where g is smooth."""
-        if getattr(self, "_order", None) != order:
+        if self._order != order:
             points, self._qweights = self.mesh.cell_quadrature(order)  # (npix, m, 3), (m,)
             c = self.centroids[:, None, :]
             d = np.sum(points * c, axis=2)

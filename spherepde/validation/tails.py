@@ -244,6 +244,8 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, say=None
 
             def field(s, x, a=previous, b=now, t0=t0):
                 theta = min(max((s - t0) / dt, 0.0), 1.0)
+                if theta == 0.0 or theta == 1.0:  # an end of the interval: one state's sums only
+                    return (b if theta else a)(x)
                 (va, da), (vb, db) = a(x), b(x)
                 return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
