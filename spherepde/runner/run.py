@@ -67,6 +67,7 @@ from ..storage.runfile import (
 )
 from ..storage.schema import (
     ATOM_ARRAYS,
+    ATOM_DIAGNOSTICS,
     ATOM_META,
     CARRIED_ARRAYS,
     CARRIED_META,
@@ -286,6 +287,7 @@ class RunSetup:
             self.variables.update(ATOM_META)
             self.dims.update(atom=self.solver.atoms.capacity, xyz=3)
             self.arrays.update(ATOM_ARRAYS)
+            self.arrays.update(ATOM_DIAGNOSTICS)
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"],
                                "atom_join": eul["atom_join"]})
@@ -427,6 +429,7 @@ class RunSetup:
             xa, ma = atoms.points()
             state = atoms.state()
             arrays.update({name: state[name] for name in ATOM_ARRAYS})
+            arrays.update({name: rec[name] for name in ATOM_DIAGNOSTICS})
         measure = self._measure_of(k)
         points, weights = measure.measure(f, xa, ma)
         lyap = measure.lyapunov(f, xa, ma)

@@ -224,6 +224,9 @@ class EulerianController:
             "velocity_lag_error": lag_error,
         }
         if atoms is not None:
+            share = solver.background_share(f)
+            record.update({"atom_background_share": share,
+                           "background_share_max": float(np.nanmax(share)) if np.isfinite(share).any() else math.nan})
             record.update({"atom_count": atoms.count, "atom_mass_total": atoms.total_mass,
                            "mesh_mass": mesh.integrate(f), "atoms_created": atoms.created_count,
                            "atoms_merged": atoms.merged_count, "atoms_refused": atoms.refused_count})

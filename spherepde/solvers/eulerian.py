@@ -54,7 +54,7 @@ import xarray as xr
 from ..models.checks import check_model
 from ..models.schedule import schedule_of
 from ..storage.memory import memory_dataset
-from ..storage.schema import ATOM_ARRAYS, ATOM_META, NOISE_META, SNAPSHOT_META
+from ..storage.schema import ATOM_ARRAYS, ATOM_DIAGNOSTICS, ATOM_META, NOISE_META, SNAPSHOT_META
 from ..summation import DEFAULT_TOL
 from ..transport import FluxDivergence, SSPStepper
 from ..transport.diffusion import MeshDiffusion
@@ -156,6 +156,13 @@ class EulerianSolver:
         self.sync_points()
         return changed
 
+    def background_share(self, f):
+        """Per atom slot, the mesh density's share of the softmax weight at the atom
+        (EulerianVelocity.background_share; NaN in an empty slot)."""
+        share = np.full(self.atoms.capacity, np.nan)
+        share[self.atoms.alive] = self.velocity.background_share(f)
+        return share
+
     def sync_points(self):
         """The stepper carries the living atoms (None when there are none)."""
         if self.atoms is not None:
@@ -196,7 +203,7 @@ class EulerianSolver:
             records.append(rec)
             densities.append(f.copy())
             if self.atoms is not None:
-                atom_states.append(self.atoms.state())
+                atom_states.append(dict(self.atoms.state(), **{name: rec[name] for name in ATOM_DIAGNOSTICS}))
             if on_snapshot is not None:
                 on_snapshot(k, t, f, rec)
             if bar is not None:
@@ -212,7 +219,7 @@ class EulerianSolver:
                   for name, (long_name, units) in meta.items()}
         series["lower_bound_paper"] = (0.5 * state.ell0 * np.exp(-c0 * time), "½ ℓ₀ exp(−C₀ t)", "sr-1")
         arrays = {name: (dims, np.array([a[name] for a in atom_states]), long_name, units)
-                  for name, (dims, long_name, units) in ATOM_ARRAYS.items()} if atom_states else {}
+                  for name, (dims, long_name, units) in dict(ATOM_ARRAYS, **ATOM_DIAGNOSTICS).items()} if atom_states else {}
         attrs = {"nside": self.mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
                  "velocity_tolerance": self.velocity_tolerance,
                  "beta": "mixed" if self.schedule.beta is None else self.schedule.beta, "ell0": state.ell0,

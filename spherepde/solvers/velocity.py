@@ -147,6 +147,37 @@ class EulerianVelocity:
             total = v if total is None else total + v
         return total
 
+    def background_share(self, f):
+        """The mesh's share of the softmax weight at each living atom (slot order), the largest
+        over the heads of the layer in force:
+
+            s_k = Z_mesh(x_k) / (Z_mesh(x_k) + Z_atoms(x_k)),  Z_mesh(x) = Σ_c f_c A e^{β⟨Bᵀx, y_c⟩}
+            (near-field cell integrals where the kernel is narrower than a cell), Z_atoms(x) = Σ_j m_j e^{β⟨Bᵀx, x_j⟩}.
+
+        The atoms move with the softmax mean of the whole measure, so s_k is how much of an atom's
+        velocity the background decides (1: all of it). NaN for a head at β = ∞ (no softmax
+        weights) and an empty array without atoms."""
+        x, m = self.point_sources(None)
+        if x is None:
+            return np.empty(0)
+        if not np.any(f > 0):
+            return np.zeros(len(x))  # no background at all
+        share = np.full(len(x), -np.inf)
+        sources, masses = self.mesh.centroids, f * self.mesh.area
+        for head in self.heads:
+            if head.zero_temperature:
+                return np.full(len(x), np.nan)
+            near = None
+            if self.near_field and table_bytes(self.mesh, head, x) > 0:
+                near = NearField(self.mesh, head, x)
+            log_mesh = np.empty(len(x))
+            attention_field(head, sources, masses, x, method=self.summation, tol=self.tolerance, near=near,
+                            log_partition=log_mesh)
+            scores = head.beta * (x @ head.B) @ x.T  # β⟨Bᵀx_k, x_j⟩ = β x_kᵀ B x_j
+            log_atoms = np.log(np.exp(scores - scores.max(axis=1, keepdims=True)) @ m) + scores.max(axis=1)
+            share = np.maximum(share, 1.0 / (1.0 + np.exp(log_atoms - log_mesh)))
+        return share
+
     def forget_routes(self):
         """Snapshot boundary: the summation's routing restarts (AttentionField), like the
         extrapolation history, so that a run resumed here repeats the uninterrupted one."""

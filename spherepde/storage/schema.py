@@ -14,7 +14,7 @@ import json
 import numpy as np
 
 __all__ = ["CELL_DIM", "OLD_CELL_DIM", "CELL_INDEX_ATTRS", "TIME_ATTRS", "DENSITY_ATTRS", "int_attr", "attr_value",
-           "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "DIAGNOSTIC_META",
+           "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "ATOM_DIAGNOSTICS", "DIAGNOSTIC_META",
            "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS", "CARRIED_ARRAYS", "PARTICLE_WEIGHTS"]
 
 # ---------------------------------------------------------------------- the grid and time
@@ -106,12 +106,19 @@ ATOM_META = {
     "atoms_created": ("atoms created since t = 0", "1"),
     "atoms_merged": ("atom merges since t = 0", "1"),
     "atoms_refused": ("unresolved peaks left on the mesh since t = 0 because every atom slot was alive", "1"),
+    "background_share_max": ("largest share of the mesh density in the softmax weight at an atom "
+                             "(atom_background_share; NaN: no atom)", "1"),
 }
 # per-snapshot arrays of the atoms (one slot each): name → (dims without time, long_name, units)
 ATOM_ARRAYS = {
     "atom_position": (("atom", "xyz"), "atom positions on the unit sphere (NaN: no atom in the slot)", "1"),
     "atom_mass": (("atom",), "atom masses (0: no atom in the slot)", "1"),
     "atom_created": (("atom",), "creation time of the slot's atom (NaN: slot never used)", "1"),
+}
+# per-snapshot diagnostics of the atoms (one slot each), not part of the state a resume restores
+ATOM_DIAGNOSTICS = {
+    "atom_background_share": (("atom",), "share of the mesh density in the softmax weight at the atom, "
+                              "Z_mesh / (Z_mesh + Z_atoms), largest over the heads (NaN: no atom, or beta = inf)", "1"),
 }
 
 # ---------------------------------------------------------------------- diagnostics of a measure

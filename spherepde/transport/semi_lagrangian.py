@@ -24,14 +24,15 @@ import healpy as hp
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["QuadraticInterpolant", "quadratic_interpolate", "advance_log_density"]
+__all__ = ["QuadraticInterpolant", "quadratic_interpolate", "advance_log_density", "unit_rows"]
 
 STENCIL = 9  # the cell and its 8 neighbours (7 for the 24 cells with a missing corner neighbour)
 
 
 @njit(cache=True, parallel=True)
-def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, points, out):
-    """out[n] = the quadratic fit of values over the stencil of cells[n], at points[n].
+def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, points, limited, out):
+    """out[n] = the quadratic fit of values over the stencil of cells[n], at points[n]; limited:
+    clipped to the range of the stencil's values (quasi-monotone, Bermejo & Staniforth 1992).
 
     fits[c] (6, 9) maps the stencil's values to the coefficients of 1, u, v, u², uv, v², with
     (u, v) the gnomonic coordinates of a point in the tangent plane at centroid c (frame e1, e2);
@@ -45,6 +46,7 @@ def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, point
         v = (px * e2[c, 0] + py * e2[c, 1] + pz * e2[c, 2]) / d
         basis = (1.0, u, v, u * u, u * v, v * v)
         total = 0.0
+        low, high = np.inf, -np.inf
         for j in range(stencil.shape[1]):
             s = stencil[c, j]
             if s < 0:
@@ -53,7 +55,10 @@ def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, point
             for k in range(6):
                 weight += basis[k] * fits[c, k, j]
             total += weight * values[s]
-        out[n] = total
+            low, high = min(low, values[s]), max(high, values[s])
+        # limited: no value outside the stencil's range, so a steep g (beside an atom, at a cut)
+        # is never extrapolated into a spurious peak; it costs the exactness for quadratics
+        out[n] = min(max(total, low), high) if limited else total
 
 
 def _frames(centroids):
@@ -66,10 +71,13 @@ def _frames(centroids):
 
 class QuadraticInterpolant:
     """Values at the cell centroids of a HealpixMesh, interpolated at any points of S² by local
-    quadratic least squares (module docstring); the fits are computed once per mesh."""
+    quadratic least squares (module docstring); the fits are computed once per mesh. limited:
+    every interpolated value (and every value of cell_averages_of_exp's fits) is clipped to the
+    range of its stencil (quadratic_interpolate)."""
 
-    def __init__(self, mesh):
+    def __init__(self, mesh, limited: bool = False):
         self.mesh = mesh
+        self.limited = bool(limited)
         npix = mesh.npix
         self.centroids = np.ascontiguousarray(mesh.centroids)
         self.e1, self.e2 = _frames(self.centroids)
@@ -99,8 +107,12 @@ class QuadraticInterpolant:
             basis = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=2)  # (npix, m, 6)
             self._at_quadrature = np.einsum("cmk,ckj->cmj", basis, self.fits)  # (npix, m, 9)
             self._order = order
-        local = np.where(self.stencil >= 0, np.asarray(g, dtype=float)[np.maximum(self.stencil, 0)], 0.0)
+        g = np.asarray(g, dtype=float)
+        local = np.where(self.stencil >= 0, g[np.maximum(self.stencil, 0)], 0.0)
         values = np.einsum("cmj,cj->cm", self._at_quadrature, local)
+        if self.limited:
+            inside = np.where(self.stencil >= 0, g[np.maximum(self.stencil, 0)], g[:, None])
+            values = np.clip(values, inside.min(axis=1)[:, None], inside.max(axis=1)[:, None])
         return np.exp(values) @ self._qweights
 
     def cells_of(self, points):
@@ -110,7 +122,7 @@ class QuadraticInterpolant:
         points = np.ascontiguousarray(points, dtype=float)
         out = np.empty(points.shape[0]) if out is None else out
         quadratic_interpolate(np.ascontiguousarray(values, dtype=float), self.stencil, self.fits, self.e1, self.e2,
-                              self.centroids, self.cells_of(points), points, out)
+                              self.centroids, self.cells_of(points), points, self.limited, out)
         return out
 
 
@@ -119,17 +131,18 @@ def advance_log_density(interpolant, g, field, t, dt):
     x = interpolant.centroids
     h = -dt  # backward in time, from the arrival at t + dt
     k1, div1 = field(t + dt, x)
-    k2 = field(t + 0.5 * dt, _unit(x + 0.5 * h * k1))[0]
-    k3 = field(t + 0.5 * dt, _unit(x + 0.5 * h * k2))[0]
-    k4 = field(t, _unit(x + h * k3))[0]
-    departure = _unit(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
+    k2 = field(t + 0.5 * dt, unit_rows(x + 0.5 * h * k1))[0]
+    k3 = field(t + 0.5 * dt, unit_rows(x + 0.5 * h * k2))[0]
+    k4 = field(t, unit_rows(x + h * k3))[0]
+    departure = unit_rows(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
     # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
-    middle = _unit(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
+    middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
     _, divm = field(t + 0.5 * dt, middle)
     _, div0 = field(t, departure)
     integral = dt * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
     return interpolant(g, departure) - integral
 
 
-def _unit(x):
+def unit_rows(x):
+    """The rows of x (n, 3) normalised to unit length."""
     return x / np.linalg.norm(x, axis=1, keepdims=True)

@@ -516,3 +516,56 @@ def test_resume_with_atoms_equals_the_uninterrupted_run(tmp_path, lag, stalled):
     assert np.all(np.isfinite(ds.atom_created.isel(time=-1).values[alive]))
     np.testing.assert_allclose(ds["mass"].values, 1.0, atol=1e-13)
     np.testing.assert_allclose(ds.mesh_mass + ds.atom_mass_total, ds["mass"], atol=1e-15)
+
+
+@pytest.mark.parametrize("near_field", [False, True])
+def test_background_share_is_the_mesh_part_of_the_softmax_weight(mesh_factory, near_field):
+    """Two atoms over a random positive density, β = 30 (nside 4: the kernel is narrower than a
+    cell, so the near-field cell integrals are active when asked for): without them the share is
+    the plain log-sum-exp ratio Z_mesh / (Z_mesh + Z_atoms) at each atom; with them it moves, and
+    it tends to 0 and 1 as the mesh mass is scaled down and up (it weighs masses, not a fixed
+    normalisation)."""
+    from spherepde.models.schedule import schedule_of
+    from spherepde.solvers.velocity import EulerianVelocity
+
+    mesh = mesh_factory(4)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    atoms = Atoms(mesh, capacity=4)
+    x = np.array([[0.8, 0.1, -0.59], [-0.7, 0.2, 0.68]])
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    atoms.restore(np.r_[x, np.full((2, 3), np.nan)], np.array([0.6, 0.4, 0.0, 0.0]), np.array([1.0, 1.0, np.nan, np.nan]))
+    velocity = EulerianVelocity(mesh, schedule_of(model), atoms, near_field=near_field)
+    f = np.exp(np.random.default_rng(5).uniform(-20.0, -2.0, mesh.npix))
+    z_atoms = np.exp(30.0 * (x @ PAPER_B) @ x.T + np.log([0.6, 0.4])).sum(axis=1)
+    f *= z_atoms[0] / np.exp(30.0 * (x[0] @ PAPER_B) @ mesh.centroids.T + np.log(f * mesh.area)).sum()
+    share = velocity.background_share(f)  # about ½ at the first atom
+    z_mesh = np.exp(30.0 * (x @ PAPER_B) @ mesh.centroids.T + np.log(f * mesh.area)).sum(axis=1)
+    expect = z_mesh / (z_mesh + z_atoms)
+    assert 0.3 < expect[0] < 0.7 and 1e-6 < expect[1] < 1 - 1e-6
+    if near_field:
+        assert velocity.near_field_active
+        assert not np.allclose(share, expect, rtol=1e-3)
+        assert np.all((share > 0.1 * expect) & (share < 10 * expect))
+    else:
+        np.testing.assert_allclose(share, expect, rtol=1e-12)
+    assert np.all(velocity.background_share(f * 1e-30) < 1e-20)
+    assert np.all(velocity.background_share(f * 1e30) > 1 - 1e-12)
+
+
+def test_a_run_records_the_background_share_at_its_atoms(mesh_factory):
+    """In the records and the in-memory run: per atom slot (NaN where empty), in [0, 1], and the
+    largest of them as background_share_max."""
+    from spherepde.models.initial import ProjectedNormal
+
+    mesh = mesh_factory(8)
+    law = ProjectedNormal([0.3, 0.2, 0.1], [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]])
+    solver = EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, 10.0), atoms={"capacity": 8})
+    ds = solver.run(law.cell_averages(mesh), 3.0, 1.0)
+    share = ds["atom_background_share"].values
+    alive = ds["atom_mass"].values > 0
+    assert alive[-1].sum() >= 2
+    assert np.all(np.isnan(share[~alive]))
+    assert np.all((share[alive] > 0) & (share[alive] < 1))
+    some = alive.any(axis=1)
+    np.testing.assert_array_equal(ds["background_share_max"].values[some], np.nanmax(share[some], axis=1))
+    assert np.all(np.isnan(ds["background_share_max"].values[~some])) and not some[0]

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import numpy_reference as ref
+import pytest
 import scipy.linalg
 
 from spherepde.transport.semi_lagrangian import QuadraticInterpolant, advance_log_density, quadratic_interpolate
@@ -22,7 +23,8 @@ def smooth(x):
     return np.sin(3 * x[:, 0]) + x[:, 1] * x[:, 2] - 2 * x[:, 2] ** 2
 
 
-def test_kernel_equals_the_numpy_reference(mesh_factory):
+@pytest.mark.parametrize("limited", [False, True])
+def test_kernel_equals_the_numpy_reference(mesh_factory, limited):
     mesh = mesh_factory(8)
     interp = QuadraticInterpolant(mesh)
     values = np.random.default_rng(1).normal(size=mesh.npix)
@@ -30,10 +32,24 @@ def test_kernel_equals_the_numpy_reference(mesh_factory):
     cells = interp.cells_of(points)
     out = np.empty(500)
     quadratic_interpolate(values, interp.stencil, interp.fits, interp.e1, interp.e2, interp.centroids, cells, points,
-                          out)
+                          limited, out)
     expect = ref.quadratic_interpolate(values, interp.stencil, interp.fits, interp.e1, interp.e2, interp.centroids,
-                                       cells, points)
+                                       cells, points, limited)
     np.testing.assert_allclose(out, expect, rtol=1e-12, atol=1e-12)
+
+
+def test_the_limited_interpolant_makes_no_new_extremum_at_a_cut(mesh_factory):
+    """A step in g (a cell lowered by ten decades, as an atom's creation may leave it): the
+    unlimited quadratic overshoots beyond the values around it, the limited one stays in range."""
+    mesh = mesh_factory(8)
+    g = np.zeros(mesh.npix)
+    g[100] = -23.0
+    points = random_points(20000, 4)
+    unlimited, limited = QuadraticInterpolant(mesh)(g, points), QuadraticInterpolant(mesh, limited=True)(g, points)
+    assert unlimited.max() > 1.0  # e^{g} overshoots the plateau f = 1 by a factor e
+    assert limited.max() <= 0.0 and limited.min() >= -23.0
+    averages = QuadraticInterpolant(mesh, limited=True).cell_averages_of_exp(g)
+    assert averages.max() <= 1.0 + 1e-12
 
 
 def test_interpolation_of_a_smooth_function_is_third_order(mesh_factory):
