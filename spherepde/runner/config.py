@@ -40,7 +40,10 @@ A config has the sections
                    this width whose maximum grows at less than half the flow's compression also
                    becomes an atom), atom_join (default 4; 0: off; at most 8: a stalled peak within
                    this many cell sizes of a heavier atom joins it instead of making a new atom);
-                   both default to 0 below nside 8, whose cells are too wide for the rule
+                   both default to 0 below nside 8, whose cells are too wide for the rule;
+                   atom_cut ("floor" (default): a new atom's patch keeps min(f, its outer ring's
+                   least f); "tail": min(f, the e^{linear} fit of its outer ring), which leaves a
+                   steep background in place where the floor cuts a notch)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -88,7 +91,8 @@ DEFAULTS = {
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
-                 "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0},
+                 "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
+                 "atom_cut": "floor"},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -513,6 +517,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
                           f"default below nside {STALLED_RULE_MIN_NSIDE})")
     if not isinstance(eul["atom_feeding"], bool):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
+    if eul["atom_cut"] not in ATOM_CUTS:
+        raise ConfigError(f'[eulerian] atom_cut: must be "floor" or "tail", got {eul["atom_cut"]!r}')
     cap = eul["max_atoms"]
     if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
         raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")
@@ -681,11 +687,13 @@ ADDED_KEYS = {("eulerian", "enabled"): True, ("model", "weight_seed"): 0, ("mode
 ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # several heads, layers came later
 ADDED_KEYS[("eulerian", "atom_stalled_width")] = 0.0  # the stalled-peak rule came later, off
 ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to the atom beside it
+ADDED_KEYS[("eulerian", "atom_cut")] = "floor"  # and the choice of what a new atom's patch keeps
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
 ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
-             "atom_join")
+             "atom_join", "atom_cut")
+ATOM_CUTS = ("floor", "tail")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

@@ -141,6 +141,7 @@ def _atom_options(eul):
         return None
     return {"capacity": eul["max_atoms"], "width": eul["atom_width"], "min_mass": eul["atom_min_mass"],
             "merge": eul["atom_merge"], "feeding": eul["atom_feeding"], "stalled_width": eul["atom_stalled_width"],
+            "cut": eul["atom_cut"],
             "join": eul["atom_join"]}
 
 
@@ -290,7 +291,7 @@ class RunSetup:
             self.arrays.update(ATOM_DIAGNOSTICS)
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"],
-                               "atom_join": eul["atom_join"]})
+                               "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"]})
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles

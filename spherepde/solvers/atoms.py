@@ -15,7 +15,9 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   e_j = (f_j − f_bg)⁺ A. The peak is unresolved when the excess's second-moment width
   σ = (Σ e_j |y_j − ȳ|² / Σ e_j)^½ (chordal, ȳ the excess's mean, y_j the cell centroids) is at
   most `width` cell sizes h = √A, and it holds at least `min_mass`: then the excess becomes one
-  atom at ȳ/|ȳ| and the patch cells keep min(f_j, f_bg). Mass is exact (to round-off) and the
+  atom at ȳ/|ȳ| and the patch cells keep min(f_j, f_bg) (cut "floor", the default; cut "tail"
+  keeps min(f_j, b_j) with log b the a + w·y fit of log f over the outer ring, so a steep
+  background e^{linear} stays in place, Atoms._background). Mass is exact (to round-off) and the
   direction of the first moment too; its length loses ~σ²/2, the second-order defect of
   replacing a distribution of width σ by a point on the sphere. σ over a 5 × 5 patch is 0.66 h
   for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
@@ -224,15 +226,20 @@ class Atoms:
     min_mass: smallest excess mass that becomes an atom (the initial mass is 1 for a probability
     density); merge: merge distance in cell sizes (chordal); feeding: feed atoms after each step
     (Atoms.feed); stalled_width: the stalled-peak rule's width limit in cell sizes (0: off);
-    join: a stalled peak this close (cell sizes, chordal) to a heavier atom joins it (0: off).
+    join: a stalled peak this close (cell sizes, chordal) to a heavier atom joins it (0: off);
+    cut: what a new atom's patch keeps ("floor" or "tail", Atoms._background).
     State: positions (capacity, 3) (NaN in unused slots), masses (capacity,) (0: no atom),
     created (capacity,) creation times (NaN: never used); counters created_count, merged_count,
     refused_count.
     """
 
     def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
-                 merge: float = 0.5, feeding: bool = False, stalled_width: float = 1.7, join: float = 4.0):
+                 merge: float = 0.5, feeding: bool = False, stalled_width: float = 1.7, join: float = 4.0,
+                 cut: str = "floor"):
+        if cut not in ("floor", "tail"):
+            raise ValueError(f'cut: "floor" or "tail", got {cut!r}')
         self.mesh = mesh
+        self.cut = cut
         self.feeding = bool(feeding)  # False: atoms grow by creation and merging only
         self.capacity = int(capacity)
         self.width = float(width)
@@ -377,13 +384,43 @@ class Atoms:
             shares.append(1.0 / len(held))
         return np.array(cells, dtype=np.int64), owners, np.array(shares), exclusive
 
+    def _background(self, f, c):
+        """{cell: value} the mesh keeps in candidate c's patch: min(f, b). With cut "floor", b =
+        f_bg, the outer ring's least f. With cut "tail", b is the tail under the peak, log b = the least-squares fit a + w·y of log f over the outer ring (the second
+        rings), at least the outer ring's least f (the flat
+        floor f_bg, so min f is never lowered). (No upper cap: min(f, b) never raises f, and a cap
+        would leave a plateau of equal values, a flat peak whose ties round-off decides.) A background e^{linear} is thus
+        left exactly as it was around the atom, where the flat floor min(f, f_bg) cut a notch down
+        to the outer ring's minimum (decades below its largest value when the background is
+        steep). The flat floor remains where log f is not available (an outer cell with f = 0)."""
+        patch = self._patch[c][self._patch[c] >= 0]
+        group = [c] + [q for q in self._neighbours[c] if q != c and f[q] >= f[c] * (1.0 - TIE)]
+        inner = np.unique(np.r_[group, self._neighbours[group].ravel()])
+        is_outer = ~np.isin(patch, inner)
+        outer = patch[is_outer]
+        tail = np.full(patch.size, self._floor[c])
+        if self.cut == "tail" and outer.size >= 4 and np.all(f[outer] > 0):
+            n = self._centre[c]
+            e1 = np.cross(n, [0.0, 0.0, 1.0] if abs(n[2]) < 0.9 else [1.0, 0.0, 0.0])
+            e1 /= np.linalg.norm(e1)
+            e2 = np.cross(n, e1)
+            y = self.mesh.centroids[patch]
+            h = math.sqrt(self.mesh.area)
+            # log f = a + w·y exactly for any w, in O(1) columns: y's coordinates along e1, e2 and
+            # its drop 1 − y·n below the tangent plane (quadratic in the distance)
+            design = np.c_[np.ones(patch.size), y @ e1 / h, y @ e2 / h, (1.0 - y @ n) / h**2]
+            coef = np.linalg.lstsq(design[is_outer], np.log(f[outer]), rcond=None)[0]
+            tail = np.maximum(np.exp(design @ coef), f[outer].min())
+        return {int(j): min(f[j], b) for j, b in zip(patch, tail)}
+
     def _split(self, f, cand):
         """The extraction of the candidates cand from f, all at once: (cells, new values, mass
-        (per candidate), first moment (per candidate, 3), exclusive) (_ownership)."""
+        (per candidate), first moment (per candidate, 3), exclusive) (_ownership); a cell keeps
+        the least of what its owners leave it (_background)."""
         cells, owners, shares, exclusive = self._ownership(f, cand)
         old = f[cells]
-        floors = self._floor[cand]
-        new = np.minimum(old, [floors[o].min() for o in owners])
+        kept = [self._background(f, c) for c in cand]
+        new = np.array([min(kept[i][int(cell)] for i in held) for cell, held in zip(cells, owners)])
         excess = (old - new) * self.mesh.area
         mass = np.zeros(cand.size)
         moment = np.zeros((cand.size, 3))
@@ -442,7 +479,9 @@ class Atoms:
             elif self.masses[k] > 0:
                 self.masses[k] += mass[i]  # at the atom (see the module docstring)
             else:
-                self.positions[k] = self._centre[cand[i]] if exclusive[i] else _unit(moment[i])
+                # the direction of the first moment taken (for an exclusive peak cut at the floor it is
+                # the kernel's centre of the excess, computed in the same order as before)
+                self.positions[k] = self._centre[cand[i]] if exclusive[i] and self.cut == "floor" else _unit(moment[i])
                 self.masses[k] = mass[i]
                 self.created[k] = t
                 self.created_count += 1

@@ -70,6 +70,8 @@ BAD = [
      ["[eulerian] atom_stalled_width", "<= 3"]),
     ("atom join negative", lambda t: t.replace("nside = 4", "nside = 4\natom_join = -1"), ["[eulerian] atom_join", ">= 0"]),
     ("atom join large", lambda t: t.replace("nside = 4", "nside = 4\natom_join = 9"), ["[eulerian] atom_join", "<= 8"]),
+    ("atom cut unknown", lambda t: t.replace("nside = 4", 'nside = 4\natom_cut = "notch"'),
+     ["[eulerian] atom_cut", '"floor" or "tail"', "'notch'"]),
     ("atom join without the stalled rule", lambda t: t.replace("nside = 4", "nside = 4\natom_stalled_width = 0\natom_join = 4"),
      ["[eulerian] atom_join", "needs atom_stalled_width > 0"]),
     ("max atoms float", lambda t: t.replace("nside = 4", "nside = 4\nmax_atoms = 2.5"), ["[eulerian] max_atoms", "integer"]),
@@ -163,6 +165,7 @@ def test_atom_rule_defaults(tmp_path):
     cfg.write_text(GOOD.replace("nside = 4", "nside = 8"))
     eul = resolve(load(cfg))["eulerian"]
     assert (eul["atom_width"], eul["atom_stalled_width"], eul["atom_join"]) == (1.3, 1.7, 4.0)
+    assert eul["atom_cut"] == "floor"
     eul = resolve(apply_overrides(load(cfg), ["eulerian.atom_width=2.0"]))["eulerian"]
     assert eul["atom_stalled_width"] == 2.0
     with pytest.raises(ConfigError, match="atom_stalled_width"):

@@ -65,6 +65,34 @@ def test_width_of_a_gaussian_peak(mesh_factory, sd_cells, expected):
     assert atoms._width[4000] == pytest.approx(expected, abs=0.12)
 
 
+def test_creation_leaves_a_steep_tail_in_place(mesh_factory):
+    """A one-cell peak on a background e^{linear} that falls by a decade per cell (the tails
+    beside a cluster): the atom takes the peak, and every cell of the patch keeps the background,
+    where the flat floor min(f, f_bg) cut the patch down to its outer ring's minimum (a notch of
+    up to four decades)."""
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    centre = np.array([0.3, 0.9, 0.2]) / np.linalg.norm([0.3, 0.9, 0.2])
+    slope = np.cross(centre, [0.0, 0.0, 1.0])
+    slope *= math.log(10.0) / (h * np.linalg.norm(slope))  # a decade per cell size
+    background = np.minimum(1e-3 * np.exp((mesh.centroids - centre) @ slope), 1.0)  # ≪ the peak far away
+    f = gaussian_peak(mesh, centre, 0.25 * h, background=0.0) + background
+    before = f.copy()
+    floor = Atoms(mesh, width=1.3, min_mass=1e-3)
+    cut = f.copy()
+    assert floor.create(1.5, cut, -np.ones(mesh.npix)) == 1
+    atoms = Atoms(mesh, width=1.3, min_mass=1e-3, cut="tail")
+    cand = atoms.find_peaks(f, -np.ones(mesh.npix))
+    assert cand.size == 1
+    patch = atoms._patch[cand[0]][atoms._patch[cand[0]] >= 0]
+    assert atoms.create(1.5, f, -np.ones(mesh.npix)) == 1
+    assert background[patch].max() / background[patch].min() > 1e3
+    np.testing.assert_allclose(f[patch], background[patch], rtol=1e-5)  # the Gaussian adds < 1e-12
+    assert np.min(cut[patch] / background[patch]) < 1e-3  # the floor's notch
+    assert np.all(f <= before)
+    assert abs(mesh.integrate(f) + atoms.total_mass - mesh.integrate(before)) < 1e-15
+
+
 def test_creation_conserves_mass_and_centre_and_keeps_the_floor(mesh_factory):
     mesh = mesh_factory(16)
     h = math.sqrt(mesh.area)
