@@ -41,11 +41,12 @@ from ..geometry.mesh import HealpixMesh
 from ..models.attention import AttentionModel
 from ..models.initial import ProjectedNormal, Uniform
 from ..solvers.eulerian import EulerianSolver
-from ..summation import attention_field, mesh_sources
+from ..solvers.log_density import LogDensitySolver
+from ..summation import attention_field
 from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from .common import REPO
 
-__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "coupled_f_onset", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
+__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "coupled_f_onset", "log_state_f_onset", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -213,32 +214,49 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_
 
 # ---------------------------------------------------------------------- coupling (prototype)
 PROJECTED_NORMAL = ProjectedNormal([0.3, 0.2, 0.1], [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]])
-COUPLING_TAIL = 1e-3  # cells whose semi-Lagrangian average is below this × the peak take it
+COUPLING_TAIL = 1e-3  # cells whose finite-volume density is below this × the mesh's largest take e^{g}
+COUPLING_EXCLUSION = 3.0  # cell sizes around an atom where g follows the finite volumes
 
 
-def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, say=None):
+def _measure_of(mesh, f, atoms):
+    x, m = atoms.points() if atoms is not None and atoms.count else (np.empty((0, 3)), np.empty(0))
+    return np.concatenate([mesh.centroids, x]), np.concatenate([f * mesh.area, m])
+
+
+def _onset_summary(mesh, model, series, start):
+    ds = xr.Dataset({"alignment_E": ("time", [s[1] for s in series]), "alignment_F": ("time", [s[2] for s in series])},
+                    coords={"time": [s[0] for s in series]})
+    e_max, t_max = max_alignment(ds)
+    return f_phase_onset(ds), e_max, t_max, time.perf_counter() - start
+
+
+def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=COUPLING_TAIL,
+                    exclusion=COUPLING_EXCLUSION, atoms=None, say=None):
     """F-onset of the paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
     (Eulerian + atoms, velocity_tolerance 1e-3), with or without the tails from semi-Lagrangian
-    log f: after every interval dt, g at the centroids is advanced in the field of the state (the
-    attention sums of f dA + atoms, linear in time between the interval's ends), and every cell
-    whose cell average of e^{g} is below COUPLING_TAIL × the peak takes that average; the bulk
-    (the other cells and the atoms) is scaled to keep the mass. A prototype of the coupling, to
-    measure whether it makes the answer converge. Returns (onset, max alignment with E, its time,
-    wall seconds)."""
+    log f. After every interval dt, g = log f at the centroids is advanced (limited interpolant)
+    in the field of the state (the attention sums of f dA + atoms, linear in time between the
+    interval's ends); every cell whose finite-volume density is below `level` × the mesh's
+    largest and that lies farther than `exclusion` cell sizes from every atom takes the cell
+    average of e^{g}; the bulk (the other cells and the atoms) is scaled to keep the mass; and in
+    the bulk g is reset to log f, so that g never carries mass the atoms already hold. A
+    prototype of the coupling, to measure whether it makes the answer converge. atoms: Atoms
+    options. Returns (onset, max alignment with E, its time, wall seconds)."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, beta)
-    solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={})
-    interpolant = QuadraticInterpolant(mesh)
+    solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={} if atoms is None else atoms)
+    interpolant = QuadraticInterpolant(mesh, limited=True)
     g = np.log(PROJECTED_NORMAL.density(mesh.centroids))
     times = [round(k * dt, 12) for k in range(int(round(t_end / dt)) + 1)]
+    reach = exclusion * math.sqrt(mesh.area)
 
     def field_of(f):
-        x, m = solver.velocity.point_sources(None)
-        sources, masses = mesh_sources(mesh, f, x, m)
+        sources, masses = _measure_of(mesh, f, solver.atoms)
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 
     start, previous, series = time.perf_counter(), None, []
     for k, t, f, _ in solver.snapshots(PROJECTED_NORMAL.cell_averages(mesh), times):
+        atoms_now = solver.atoms
         if coupled and k > 0:
             now, t0 = field_of(f), times[k - 1]
 
@@ -251,28 +269,45 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, say=None
 
             g = advance_log_density(interpolant, g, field, t0, dt)
             f_sl = interpolant.cell_averages_of_exp(g)
-            atoms = solver.atoms
-            peak = max(f.max(), atoms.masses.max() / mesh.area)
-            tail = (f_sl < COUPLING_TAIL * peak) & (f > 0)
+            near = np.zeros(mesh.npix, dtype=bool)
+            if atoms_now.count:  # ≤ capacity atoms: a (npix, atoms) distance table is small
+                x = atoms_now.points()[0]
+                near = (np.linalg.norm(mesh.centroids[:, None, :] - x[None], axis=2) < reach).any(axis=1)
+            tail = (f < level * f.max()) & ~near & (f_sl > 0)
             gained = (f_sl[tail] - f[tail]).sum() * mesh.area
-            scale = 1.0 - gained / (f[~tail].sum() * mesh.area + atoms.masses.sum())
+            scale = 1.0 - gained / (f[~tail].sum() * mesh.area + atoms_now.masses.sum())
             f[tail] = f_sl[tail]  # in place: the solver continues from this density
             f[~tail] *= scale
-            atoms.masses *= scale
+            atoms_now.masses *= scale
+            bulk = ~tail & (f > 0)
+            g[bulk] = np.log(f[bulk])
         if coupled:
             previous = field_of(f)
-        x, m = solver.velocity.point_sources(None)
-        points, weights = mesh.centroids, f * mesh.area
-        if x is not None:
-            points, weights = np.concatenate([points, x]), np.concatenate([weights, m])
+        points, weights = _measure_of(mesh, f, atoms_now)
         series.append((t, alignment(points, weights, model.E.basis), alignment(points, weights, model.F.basis)))
         if say is not None and k % int(round(2.0 / dt)) == 0:
             say(f"    nside {nside}, {'coupled' if coupled else 'finite volumes'}: t = {t:g}, "
                 f"E {series[-1][1]:.3f}, F {series[-1][2]:.3f}, {time.perf_counter() - start:.0f} s")
-    ds = xr.Dataset({"alignment_E": ("time", [s[1] for s in series]), "alignment_F": ("time", [s[2] for s in series])},
-                    coords={"time": [s[0] for s in series]})
-    e_max, t_max = max_alignment(ds)
-    return f_phase_onset(ds), e_max, t_max, time.perf_counter() - start
+    return _onset_summary(mesh, model, series, start)
+
+
+def log_state_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, say=None):
+    """The same question with the whole density carried as log f (spherepde.solvers.log_density:
+    semi-Lagrangian g plus atoms, the measure rescaled to its mass after every step). Returns
+    (onset, max alignment with E, its time, wall seconds, the atoms at t = 5: [(mass, position)])."""
+    mesh = HealpixMesh(nside)
+    model = AttentionModel(PAPER_B, PAPER_V, beta)
+    solver = LogDensitySolver(mesh, model, dt=dt, atoms={"stalled_width": 0.0})
+    times = [round(k * 0.1, 12) for k in range(int(round(t_end / 0.1)) + 1)]
+    start, series, at5 = time.perf_counter(), [], None
+    for k, t, _, F, _ in solver.snapshots(np.log(PROJECTED_NORMAL.density(mesh.centroids)), times):
+        points, weights = _measure_of(mesh, F, solver.atoms)
+        series.append((t, alignment(points, weights, model.E.basis), alignment(points, weights, model.F.basis)))
+        if abs(t - 5.0) < 1e-9:
+            at5 = list(zip(*solver.atoms.points()[::-1]))
+        if say is not None and k % 20 == 0:
+            say(f"    nside {nside}, log state dt {dt:g}: t = {t:g}, E {series[-1][1]:.3f}, F {series[-1][2]:.3f}")
+    return (*_onset_summary(mesh, model, series, start), at5)
 
 
 if __name__ == "__main__":
