@@ -16,14 +16,28 @@ The package is layered; each subpackage imports only from those listed before it
     cli            the `spherepde` command
 """
 
-from .geometry.mesh import HealpixMesh
-from .models import initial
-from .models.attention import AttentionModel
-from .models.heads import MultiHeadModel
-from .solvers.eulerian import EulerianSolver
-from .solvers.particles import ParticleSolver
-from .storage.runfile import open_run
 from .version import __version__
+
+# The public names are imported on first use (PEP 562), so that `spherepde --help` and the
+# light modules do not pay for numba, healpy and xarray: name → module that defines it.
+_PUBLIC = {"HealpixMesh": "geometry.mesh", "AttentionModel": "models.attention", "MultiHeadModel": "models.heads",
+           "EulerianSolver": "solvers.eulerian", "ParticleSolver": "solvers.particles", "open_run": "storage.runfile",
+           "initial": "models"}
 
 __all__ = ["HealpixMesh", "AttentionModel", "MultiHeadModel", "EulerianSolver", "ParticleSolver", "initial",
            "open_run", "__version__"]
+
+
+def __getattr__(name):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'spherepde' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(f".{_PUBLIC[name]}", __name__)
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,8 +1,9 @@
-"""Command line.
+"""spherepde: the mean-field equation of self-attention dynamics on the sphere S² (HEALPix finite
+volumes with atoms, particles and tokens), run from TOML configs, written as NetCDF run files.
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
     spherepde plot RUN.nc [-o DIR] [--movie [--frames N] [--fps F]]
-    spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (transport, exact, lagrangian, paper, atoms, variants; spherepde.validation.suites)
+    spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (spherepde validate --help lists the suites)
     spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
 Every failure ends with one line on stderr and an exit status:

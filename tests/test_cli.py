@@ -137,3 +137,19 @@ def test_python_m_spherepde_is_the_command_line():
     assert ok.returncode == 0 and ok.stdout.startswith("spherepde ")
     bad = subprocess.run([sys.executable, "-m", "spherepde", "run", "/nonexistent.toml"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_help_says_what_the_program_is_without_loading_the_numerics():
+    """`spherepde --help` opens with what spherepde is, and neither it nor `import spherepde`
+    loads numba, healpy or xarray (the public names are imported on first use)."""
+    out = subprocess.run([sys.executable, "-m", "spherepde", "--help"], capture_output=True, text=True, check=True)
+    assert "self-attention dynamics on the sphere" in out.stdout and "Command line." not in out.stdout
+    probe = ("import sys, spherepde, spherepde.cli; spherepde.cli.build_parser(); "
+             "print(sorted(m for m in ('numba', 'healpy', 'xarray') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded
+    import spherepde
+
+    assert spherepde.HealpixMesh.__name__ == "HealpixMesh" and "EulerianSolver" in dir(spherepde)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        spherepde.nope  # noqa: B018

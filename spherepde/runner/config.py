@@ -62,6 +62,7 @@ plain Python data (JSON-serialisable), which is what the output file records.
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import tomllib
 from pathlib import Path
@@ -201,10 +202,17 @@ def _shape(value):
     return f"({len(value)}, {inner.pop()})" if len(inner) == 1 and None not in inner else f"({len(value)}, ragged)"
 
 
+def _did_you_mean(name, allowed) -> str:
+    """' (did you mean X?)' for the closest allowed name (difflib), else ''."""
+    close = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _check_keys(section, table, allowed):
     for key in table:
         if key not in allowed:
-            raise ConfigError(f"[{section}] {key}: unknown key (allowed: {', '.join(sorted(allowed)) or 'none'})")
+            raise ConfigError(f"[{section}] {key}: unknown key{_did_you_mean(key, allowed)} "
+                              f"(allowed: {', '.join(sorted(allowed)) or 'none'})")
 
 
 def _weight_settings(model, given):
@@ -425,7 +433,8 @@ def _with_defaults(raw) -> dict:
         raise ConfigError("config: must be a TOML document of sections")
     for section, table in raw.items():
         if section not in DEFAULTS:
-            raise ConfigError(f"[{section}]: unknown section (allowed: {', '.join(DEFAULTS)})")
+            raise ConfigError(f"[{section}]: unknown section{_did_you_mean(section, DEFAULTS)} "
+                              f"(allowed: {', '.join(DEFAULTS)})")
         if not isinstance(table, dict):
             raise ConfigError(f"[{section}]: must be a table of keys, got {table!r}")
     cfg = {s: dict(d) for s, d in DEFAULTS.items()}
@@ -634,7 +643,8 @@ def _resolve_particles(pt, tm):
 def _resolve_initial(table):
     kind = table.get("kind", "uniform")
     if not isinstance(kind, str) or kind not in INITIAL_KEYS:
-        raise ConfigError(f"[initial] kind: unknown initial law {kind!r} (allowed: {', '.join(INITIAL_KEYS)})")
+        raise ConfigError(f"[initial] kind: unknown initial law {kind!r}{_did_you_mean(kind, INITIAL_KEYS)} "
+                          f"(allowed: {', '.join(INITIAL_KEYS)})")
     _check_keys("initial", table, INITIAL_KEYS[kind] | {"kind"})
     out = {"kind": kind}
     if kind == "vmf":

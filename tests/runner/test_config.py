@@ -70,6 +70,8 @@ BAD = [
      ["[eulerian] atom_stalled_width", "<= 3"]),
     ("atom join negative", lambda t: t.replace("nside = 4", "nside = 4\natom_join = -1"), ["[eulerian] atom_join", ">= 0"]),
     ("atom join large", lambda t: t.replace("nside = 4", "nside = 4\natom_join = 9"), ["[eulerian] atom_join", "<= 8"]),
+    ("misspelt key", lambda t: t.replace("nside = 4", "nsied = 4"), ["[eulerian] nsied", "did you mean 'nside'?"]),
+    ("misspelt section", lambda t: t.replace("[time]", "[tiem]"), ["[tiem]", "did you mean 'time'?"]),
     ("atom cut unknown", lambda t: t.replace("nside = 4", 'nside = 4\natom_cut = "notch"'),
      ["[eulerian] atom_cut", '"floor" or "tail"', "'notch'"]),
     ("atom join without the stalled rule", lambda t: t.replace("nside = 4", "nside = 4\natom_stalled_width = 0\natom_join = 4"),
