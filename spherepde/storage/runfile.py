@@ -253,7 +253,9 @@ class RunWriter:
         time.setncatts(TIME_ATTRS)
         if mesh is not None:
             dens = per_time("density", "f8", (CELL_DIM,), (mesh.npix,), fill_value=False)
-            dens.setncatts({**DENSITY_ATTRS, "coordinates": "cell_ids"})
+            # crs listed too: easygems (is_nested, get_nside) and cf-xarray's DataArray-level grid
+            # mapping then find it on a plain xr.open_dataset (no decode_coords="all")
+            dens.setncatts({**DENSITY_ATTRS, "coordinates": "cell_ids crs"})
         for name, (long_name, units) in self.variables.items():
             per_time(name, "f8", fill_value=False).setncatts({"long_name": long_name, "units": units})
         for name, size in (dims or {}).items():

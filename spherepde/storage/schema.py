@@ -28,7 +28,7 @@ CELL_INDEX_ATTRS = {"standard_name": "healpix_index", "long_name": "HEALPix cell
 # whatever the attributes say: it warns "Unsupported TIMEUNIT: 1!" and writes zero time values
 # in its output (the steps stay in order); docs/file_format.md says so.
 TIME_ATTRS = {"long_name": "time t of the dynamics (depth of the network)", "units": "1"}
-# the density on the cells (a file adds coordinates = "cell_ids"; xarray writes that itself)
+# the density on the cells (a file adds coordinates = "cell_ids crs")
 DENSITY_ATTRS = {"long_name": "density f_t w.r.t. surface measure (cell average)", "units": "sr-1",
                  "grid_mapping": "crs"}
 

@@ -4,7 +4,7 @@ pixels, 1/(4π) for the uniform start, the file's own density integrated with th
 4π/npix, and healpy's bilinear interpolation.
 
 The default suite reads with xdggs (both conventions) and cf-xarray; the heavy readers (CDO from
-the skyborn-cdo wheel, uxarray, cf-python) are marked `readers` (pytest -m readers) and skip,
+the skyborn-cdo wheel, uxarray, cf-python, easygems) are marked `readers` (pytest -m readers) and skip,
 visibly, where they are not installed."""
 
 import json
@@ -113,6 +113,7 @@ def test_layout(run_file):
         time = nc.variables["time"]
         assert {k: time.getncattr(k) for k in time.ncattrs()} == io.TIME_ATTRS  # no axis T
         assert nc.variables["density"].getncattr("grid_mapping") == "crs"
+        assert nc.variables["density"].getncattr("coordinates") == "cell_ids crs"
         found = integer_attributes(nc)
         assert ("global", "nside", np.dtype(np.int32)) in found
         assert ("crs", "refinement_level", np.dtype(np.int32)) in found
@@ -145,8 +146,20 @@ def test_cf_xarray_finds_index_grid_mapping_and_no_calendar_axis(run_file):
     assert ds.cf["healpix_index"].name == "cell"
     assert ds.density.cf.attrs["grid_mapping"] == "crs"
     assert "T" not in ds.cf.axes and "time" not in ds.cf.coordinates  # depth, not calendar time
+    # the grid mapping of the DataArray, on a plain open_dataset (density:coordinates lists crs)
+    assert ds.density.cf["grid_mapping"].attrs["refinement_level"] == 3
     with_crs = open_quietly(run_file, decode_coords="all")
     assert with_crs.density.cf["grid_mapping"].attrs["refinement_level"] == 3
+
+
+@pytest.mark.readers
+def test_easygems_reads_nside_and_nesting_from_a_plain_open(run_file):
+    """easygems.healpix.get_nside / is_nested read the grid mapping that the density variable
+    carries as a coordinate (no decode_coords needed)."""
+    egh = pytest.importorskip("easygems.healpix")  # a reader: pip install -e '.[readers]'
+    ds = open_quietly(run_file)
+    assert egh.get_nside(ds.density) == NSIDE and egh.is_nested(ds.density)
+    assert egh.get_nside(ds) == NSIDE and egh.is_nested(ds)
 
 
 # ------------------------------------------------------------------ the solver's dataset
