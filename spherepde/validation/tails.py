@@ -42,6 +42,7 @@ from ..models.attention import AttentionModel
 from ..models.initial import ProjectedNormal, Uniform
 from ..solvers.eulerian import EulerianSolver
 from ..solvers.log_density import LogDensitySolver
+from ..solvers.particles import ParticleSolver, quadrature_particles
 from ..summation import attention_field
 from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from .common import REPO
@@ -216,6 +217,7 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_
 PROJECTED_NORMAL = ProjectedNormal([0.3, 0.2, 0.1], [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]])
 COUPLING_TAIL = 1e-3  # cells whose finite-volume density is below this × the mesh's largest take e^{g}
 COUPLING_EXCLUSION = 3.0  # cell sizes around an atom where g follows the finite volumes
+SHARE_AFTER = 1e-3  # the background's share at the atoms is reported once the mesh holds less mass than this
 
 
 def _measure_of(mesh, f, atoms):
@@ -241,7 +243,10 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
     average of e^{g}; the bulk (the other cells and the atoms) is scaled to keep the mass; and in
     the bulk g is reset to log f, so that g never carries mass the atoms already hold. A
     prototype of the coupling, to measure whether it makes the answer converge. atoms: Atoms
-    options. Returns (onset, max alignment with E, its time, wall seconds)."""
+    options. Returns (onset, max alignment with E, its time, wall seconds, the largest share of
+    the background in the softmax weight at an atom over the snapshots where the mesh holds less
+    than SHARE_AFTER of the atoms' mass, and its time, the atoms
+    at t = 5 and t = 8: {t: [(mass, position)]})."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, beta)
     solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={} if atoms is None else atoms)
@@ -254,7 +259,7 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
         sources, masses = _measure_of(mesh, f, solver.atoms)
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 
-    start, previous, series = time.perf_counter(), None, []
+    start, previous, series, share, clusters = time.perf_counter(), None, [], (0.0, math.nan), {}
     for k, t, f, _ in solver.snapshots(PROJECTED_NORMAL.cell_averages(mesh), times):
         atoms_now = solver.atoms
         if coupled and k > 0:
@@ -285,10 +290,15 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
             previous = field_of(f)
         points, weights = _measure_of(mesh, f, atoms_now)
         series.append((t, alignment(points, weights, model.E.basis), alignment(points, weights, model.F.basis)))
+        if atoms_now.count and mesh.integrate(f) < SHARE_AFTER * atoms_now.total_mass:  # the bulk is in atoms
+            s = float(np.nanmax(solver.velocity.background_share(f)))
+            share = max(share, (s, t))
+        if any(abs(t - c) < 1e-9 for c in (5.0, 8.0)):
+            clusters[round(t)] = list(zip(*atoms_now.points()[::-1]))
         if say is not None and k % int(round(2.0 / dt)) == 0:
             say(f"    nside {nside}, {'coupled' if coupled else 'finite volumes'}: t = {t:g}, "
                 f"E {series[-1][1]:.3f}, F {series[-1][2]:.3f}, {time.perf_counter() - start:.0f} s")
-    return _onset_summary(mesh, model, series, start)
+    return (*_onset_summary(mesh, model, series, start), *share, clusters)
 
 
 def log_state_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, say=None):
@@ -310,27 +320,77 @@ def log_state_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, say=None):
     return (*_onset_summary(mesh, model, series, start), at5)
 
 
+def quadrature_particle_clusters(nside, beta=30.0, t=5.0, dt=0.05):
+    """The two clusters (mass, unit centre) of quadrature particles (one per cell of HEALPix(nside),
+    RK4) from the projected-normal law at time t, split by the sign of x₁: the bulk reference of
+    a second method, before the tails steer anything."""
+    mesh = HealpixMesh(nside)
+    x0, w, _ = quadrature_particles(mesh, PROJECTED_NORMAL)
+    *_, (_, _, x, _) = ParticleSolver(AttentionModel(PAPER_B, PAPER_V, beta), dt=dt).snapshots(x0, w, [0.0, t])
+    out = []
+    for side in (1, -1):
+        sel = side * x[:, 0] > 0
+        centre = w[sel] @ x[sel]
+        out.append((float(w[sel].sum()), centre / np.linalg.norm(centre)))
+    return out
+
+
+def _clusters_text(clusters):
+    return "; ".join(f"{m:.4f} at ({c[0]:+.4f}, {c[1]:+.4f}, {c[2]:+.4f})" for m, c in clusters if m > 0.01)
+
+
+def coupling_report(out, nsides, say=print):
+    """validation/reports/tails/coupling.md: the F-onset at β = 30 of the finite volumes, of the
+    coupled tails (dt 0.1 and 0.05, and the tail level 1e-2 and 1e-4 at the finest nside), and of
+    the log-density state; the bulk at t = 5 against quadrature particles."""
+    rows, bulk = [], []
+    for n in nsides:
+        variants = [("finite volumes + atoms", dict(coupled=False)), ("coupled, dt 0.1", dict(dt=0.1)),
+                    ("coupled, dt 0.05", dict(dt=0.05))]
+        if n == max(nsides):
+            variants += [("coupled, dt 0.1, tail level 1e-2", dict(dt=0.1, level=1e-2)),
+                         ("coupled, dt 0.1, tail level 1e-4", dict(dt=0.1, level=1e-4)),
+                         ('coupled, dt 0.1, atom_cut "tail"', dict(dt=0.1, atoms={"cut": "tail"}))]
+        for name, options in variants:
+            onset, e_max, t_max, wall, share, t_share, clusters = coupled_f_onset(n, say=say, **options)
+            rows.append(f"| {n} | {name} | {onset:.3f} | {e_max:.4f} at {t_max:g} | {share:.2g} at {t_share:g} | "
+                        f"{wall:.0f} |")
+            if name in ("finite volumes + atoms", "coupled, dt 0.1"):
+                for c in (5, 8):
+                    bulk.append(f"| {n} | {c} | {name} | {_clusters_text(clusters.get(c, []))} |")
+        for dt in (0.1, 0.05):
+            onset, e_max, t_max, wall, at5 = log_state_f_onset(n, dt=dt, say=say)
+            rows.append(f"| {n} | log-density state, dt {dt:g} | {onset:.3f} | {e_max:.4f} at {t_max:g} | | "
+                        f"{wall:.0f} |")
+            bulk.append(f"| {n} | 5 | log-density state, dt {dt:g} | {_clusters_text(at5)} |")
+        for c in (5, 8):
+            bulk.append(f"| {n} | {c} | quadrature particles (RK4, dt 0.05) | "
+                        f"{_clusters_text(quadrature_particle_clusters(n, t=float(c)))} |")
+    path = Path(out) / "coupling.md"
+    path.write_text(
+        "# F-onset at β = 30: coupled tails and the log-density state (prototypes)\n\n"
+        f"`python -m spherepde.validation.tails --coupling --nside {' '.join(map(str, nsides))}` "
+        f"({time.strftime('%Y-%m-%d')}). β = 30, the paper's matrices, the projected-normal law of "
+        "`solvers/paper_beta.toml`, t ≤ 20. Coupled: `coupled_f_onset` (finite volumes + atoms, "
+        "velocity_tolerance 1e-3, with the tail cells taken from semi-Lagrangian log f after every dt). "
+        "Log-density state: `log_state_f_onset` (spherepde.solvers.log_density).\n\n"
+        "| nside | state | F-onset | max alignment with E | largest background share at an atom (mesh mass < 10⁻³) "
+        "| wall (s) |\n"
+        "|---|---|---|---|---|---|\n"
+        + "\n".join(rows) + "\n\n## The bulk: clusters heavier than 0.01 (mass at unit centre)\n\n"
+        "| nside | t | state | clusters |\n|---|---|---|---|\n" + "\n".join(bulk) + "\n")
+    return path
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--schemes", nargs="+", default=["muscl", "log_muscl"])
     parser.add_argument("--out", default=str(REPO / "validation" / "reports" / "tails"))
     parser.add_argument("--coupling", action="store_true",
-                        help="instead: the F-onset at beta = 30 with and without the coupled tails (coupling.md)")
+                        help="instead: the F-onset at beta = 30 of the coupled tails and the log-density state (coupling.md)")
     args = parser.parse_args()
     if args.coupling:
-        rows = []
-        for n in args.nside:
-            for coupled in (False, True):
-                onset, e_max, t_max, wall = coupled_f_onset(n, coupled=coupled, say=print)
-                rows.append(f"| {n} | {'tails from semi-Lagrangian log f' if coupled else 'finite volumes + atoms'} | "
-                            f"{onset:.3f} | {e_max:.4f} at {t_max:g} | {wall:.0f} |")
-        path = Path(args.out) / "coupling.md"
-        path.write_text("# F-onset at β = 30 with the coupled tails (prototype)\n\n"
-                        f"`python -m spherepde.validation.tails --coupling --nside {' '.join(map(str, args.nside))}`: "
-                        + coupled_f_onset.__doc__.split(chr(10) + chr(10))[0].replace(chr(10), " ") + "\n\n"
-                        "| nside | tails | F-onset | max alignment with E | wall (s) |\n|---|---|---|---|---|\n"
-                        + "\n".join(rows) + "\n")
-        print(path)
+        print(coupling_report(args.out, args.nside))
     else:
         print(run_suite(args.out, nsides=args.nside, schemes=args.schemes))

@@ -62,7 +62,8 @@ def test_the_coupled_tails_keep_the_mass():
     """The prototype coupling rewrites the tail cells after every interval and scales the bulk
     (cells and atoms): the solver's mass guard (1e-10 relative, every step) stays silent, and the
     measure concentrates on E as without the coupling (β = 10, nside 8, t ≤ 3)."""
-    onset, e_max, _, _ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0)
-    plain, e_plain, _, _ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0, coupled=False)
+    onset, e_max, _, _, share, _, _ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0)
+    plain, e_plain, *_ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0, coupled=False)
     assert math.isnan(onset) and math.isnan(plain)
     assert e_max > 0.9 and abs(e_max - e_plain) < 0.02
+    assert 0.0 <= share < 1.0
