@@ -41,7 +41,7 @@ import numpy as np
 
 __all__ = ["mollweide", "density_maps", "diagnostics_plot", "sphere_figure", "density_movie",
            "ProjectedGrid", "SpherePanels", "atom_markers", "atom_sizes", "density_norm", "mass_axis",
-           "movie_frames", "plot_run"]
+           "movie_frames", "plot_run", "partial_note"]
 
 
 DENSITY_LABEL = "density f_t (sr⁻¹)"
@@ -570,6 +570,29 @@ def _freeze_ticks(ax):
             getattr(axis, f"set_{which}_formatter")(ticker.FixedFormatter(labels))
 
 
+def partial_note(ds) -> str | None:
+    """What a figure of an unfinished run says about it (None for a finished run): the last time
+    on file, the end the config asked for, and the failure message when there is one."""
+    if int(ds.attrs.get("complete", 1)):
+        return None
+    import json
+
+    t_end = json.loads(ds.attrs["config"])["time"]["t_end"] if "config" in ds.attrs else None
+    last = float(ds["time"].values[-1]) if ds.sizes.get("time", 0) else math.nan
+    note = f"partial run: stopped at t = {last:g}" + (f" of {t_end:g}" if t_end is not None else "")
+    failure = str(ds.attrs.get("failure", "")).strip()
+    return note + (f" ({failure})" if failure else " (interrupted; --resume continues it)")
+
+
+def _mark_partial(fig, note, top=True):
+    """The note at the figure's top edge (above the panel titles of the maps, whose bottom holds
+    legends) or at its bottom edge (below the x-labels of the time series, whose top holds titles)."""
+    if note:
+        fig.text(0.5, 0.999 if top else 0.003, note, ha="center", va="top" if top else "bottom", fontsize=8,
+                 color="crimson", fontweight="bold",
+                 bbox={"facecolor": "white", "edgecolor": "crimson", "pad": 1.5, "linewidth": 0.6})
+
+
 def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fps=8) -> list[Path]:
     """Write <stem>_density.png, <stem>_diagnostics.png and <stem>_sphere.png for a run file, and
     with movie=True <stem>_movie.gif (and .mp4 when ffmpeg is present); returns the paths."""
@@ -592,18 +615,16 @@ def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fp
     out = Path(out_dir)
     stem = Path(run_file).stem
     paths = []
-    fig, _ = density_maps(ds, label=label)
-    paths.append(out / f"{stem}_density.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    fig, _ = diagnostics_plot(ds)
-    paths.append(out / f"{stem}_diagnostics.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    fig, _ = sphere_figure(ds, label=label)
-    paths.append(out / f"{stem}_sphere.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    note = partial_note(ds)  # every figure of an unfinished run says so
+    figures = {"density": (lambda: density_maps(ds, label=label), True),
+               "diagnostics": (lambda: diagnostics_plot(ds), False),
+               "sphere": (lambda: sphere_figure(ds, label=label), True)}
+    for name, (make, top) in figures.items():  # one figure in memory at a time
+        fig, _ = make()
+        _mark_partial(fig, note, top)
+        paths.append(out / f"{stem}_{name}.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
     if movie:
         paths.extend(density_movie(ds, out / stem, max_frames=max_frames, fps=fps, label=label))
     return paths

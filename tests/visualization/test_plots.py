@@ -277,3 +277,24 @@ def test_plot_movie_bad_input_exit_2(atom_run, tmp_path, capsys, case):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("spherepde: error:"), err
     assert not list(tmp_path.glob("*.gif")) and not list(atom_run.parent.glob("*.gif"))
+
+
+def test_the_figures_of_an_interrupted_run_say_so(tmp_path, agg):
+    """A run stopped after 3 snapshots: partial_note names the last time and the end asked for,
+    the plots are written; a finished run gets no note."""
+    from run_helpers import interrupt_after
+
+    from spherepde.storage.runfile import open_run
+    from spherepde.visualization.plots import partial_note, plot_run
+
+    cfg = tmp_path / "partial.toml"
+    cfg.write_text(CONFIG)
+    out = tmp_path / "partial.nc"
+    interrupt_after(cfg, out, 3)
+    ds = open_run(out)
+    assert int(ds.attrs["complete"]) == 0
+    note = partial_note(ds)
+    assert note.startswith(f"partial run: stopped at t = {float(ds.time.values[-1]):g} of 1.5")
+    assert "--resume" in note
+    assert len(plot_run(out, tmp_path)) == 3
+    assert partial_note(open_run(run_config_text(tmp_path, "done", CONFIG))) is None
