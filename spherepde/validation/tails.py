@@ -233,7 +233,7 @@ def _onset_summary(mesh, model, series, start):
 
 
 def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=COUPLING_TAIL,
-                    exclusion=COUPLING_EXCLUSION, atoms=None, say=None):
+                    exclusion=COUPLING_EXCLUSION, atoms=None, shadow=False, say=None):
     """F-onset of the paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
     (Eulerian + atoms, velocity_tolerance 1e-3), with or without the tails from semi-Lagrangian
     log f. After every interval dt, g = log f at the centroids is advanced (limited interpolant)
@@ -243,10 +243,14 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
     average of e^{g}; the bulk (the other cells and the atoms) is scaled to keep the mass; and in
     the bulk g is reset to log f, so that g never carries mass the atoms already hold. A
     prototype of the coupling, to measure whether it makes the answer converge. atoms: Atoms
-    options. Returns (onset, max alignment with E, its time, wall seconds, the largest share of
-    the background in the softmax weight at an atom over the snapshots where the mesh holds less
-    than SHARE_AFTER of the atoms' mass, and its time, the atoms
-    at t = 5 and t = 8: {t: [(mass, position)]})."""
+    options. shadow (with coupled=False): g is advanced and reset in the bulk all the same, but
+    never substituted: the finite volumes' tails against their own characteristics.
+    Returns (onset, max alignment with E, its time, wall seconds, the largest share of the
+    background in the softmax weight at an atom over the snapshots where the mesh holds less than
+    SHARE_AFTER of the atoms' mass, and its time, the atoms at t = 5 and t = 8:
+    {t: [(mass, position)]}, and {t: the 90th percentile over the tail cells of |log₁₀(f / ⟨e^g⟩)|
+    before the substitution} at t = 4 and 8: the finite volumes' drift from the characteristics,
+    over one interval when coupled, since t = 0 in the shadow)."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, beta)
     solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={} if atoms is None else atoms)
@@ -259,10 +263,11 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
         sources, masses = _measure_of(mesh, f, solver.atoms)
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 
-    start, previous, series, share, clusters = time.perf_counter(), None, [], (0.0, math.nan), {}
+    start, previous, series, share, clusters, drift = time.perf_counter(), None, [], (0.0, math.nan), {}, {}
+    advancing = coupled or shadow
     for k, t, f, _ in solver.snapshots(PROJECTED_NORMAL.cell_averages(mesh), times):
         atoms_now = solver.atoms
-        if coupled and k > 0:
+        if advancing and k > 0:
             now, t0 = field_of(f), times[k - 1]
 
             def field(s, x, a=previous, b=now, t0=t0):
@@ -279,14 +284,18 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
                 x = atoms_now.points()[0]
                 near = (np.linalg.norm(mesh.centroids[:, None, :] - x[None], axis=2) < reach).any(axis=1)
             tail = (f < level * f.max()) & ~near & (f_sl > 0)
-            gained = (f_sl[tail] - f[tail]).sum() * mesh.area
-            scale = 1.0 - gained / (f[~tail].sum() * mesh.area + atoms_now.masses.sum())
-            f[tail] = f_sl[tail]  # in place: the solver continues from this density
-            f[~tail] *= scale
-            atoms_now.masses *= scale
+            if any(abs(t - c) < 1e-9 for c in (4.0, 8.0)):
+                both = tail & (f > 0)
+                drift[round(t)] = float(np.percentile(np.abs(np.log10(f[both] / f_sl[both])), 90))
+            if coupled:
+                gained = (f_sl[tail] - f[tail]).sum() * mesh.area
+                scale = 1.0 - gained / (f[~tail].sum() * mesh.area + atoms_now.masses.sum())
+                f[tail] = f_sl[tail]  # in place: the solver continues from this density
+                f[~tail] *= scale
+                atoms_now.masses *= scale
             bulk = ~tail & (f > 0)
             g[bulk] = np.log(f[bulk])
-        if coupled:
+        if advancing:
             previous = field_of(f)
         points, weights = _measure_of(mesh, f, atoms_now)
         series.append((t, alignment(points, weights, model.E.basis), alignment(points, weights, model.F.basis)))
@@ -298,7 +307,7 @@ def coupled_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, coupled=True, level=CO
         if say is not None and k % int(round(2.0 / dt)) == 0:
             say(f"    nside {nside}, {'coupled' if coupled else 'finite volumes'}: t = {t:g}, "
                 f"E {series[-1][1]:.3f}, F {series[-1][2]:.3f}, {time.perf_counter() - start:.0f} s")
-    return (*_onset_summary(mesh, model, series, start), *share, clusters)
+    return (*_onset_summary(mesh, model, series, start), *share, clusters, drift)
 
 
 def log_state_f_onset(nside, beta=30.0, dt=0.1, t_end=20.0, say=None):
@@ -352,7 +361,7 @@ def coupling_report(out, nsides, say=print):
                          ("coupled, dt 0.1, tail level 1e-4", dict(dt=0.1, level=1e-4)),
                          ('coupled, dt 0.1, atom_cut "tail"', dict(dt=0.1, atoms={"cut": "tail"}))]
         for name, options in variants:
-            onset, e_max, t_max, wall, share, t_share, clusters = coupled_f_onset(n, say=say, **options)
+            onset, e_max, t_max, wall, share, t_share, clusters, _ = coupled_f_onset(n, say=say, **options)
             rows.append(f"| {n} | {name} | {onset:.3f} | {e_max:.4f} at {t_max:g} | {share:.2g} at {t_share:g} | "
                         f"{wall:.0f} |")
             if name in ("finite volumes + atoms", "coupled, dt 0.1"):

@@ -62,8 +62,18 @@ def test_the_coupled_tails_keep_the_mass():
     """The prototype coupling rewrites the tail cells after every interval and scales the bulk
     (cells and atoms): the solver's mass guard (1e-10 relative, every step) stays silent, and the
     measure concentrates on E as without the coupling (β = 10, nside 8, t ≤ 3)."""
-    onset, e_max, _, _, share, _, _ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0)
+    onset, e_max, _, _, share, _, _, _ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0)
     plain, e_plain, *_ = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=3.0, coupled=False)
     assert math.isnan(onset) and math.isnan(plain)
     assert e_max > 0.9 and abs(e_max - e_plain) < 0.02
     assert 0.0 <= share < 1.0
+
+
+def test_the_shadow_tails_measure_the_run_without_touching_it():
+    """shadow=True advances g beside the finite volumes without substituting: the run (its E
+    alignment, its atoms) is the plain run exactly, and the drift of its tails from their own
+    characteristics at t = 4 is a finite, positive number of decades."""
+    plain = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=4.0, coupled=False)
+    shadow = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=4.0, coupled=False, shadow=True)
+    assert shadow[1:3] == plain[1:3] and shadow[6] == plain[6]
+    assert plain[7] == {} and 0.0 < shadow[7][4] < 10.0
