@@ -3,8 +3,8 @@ wrote (docs/file_format.md), against independent values: healpy's geometry of th
 pixels, 1/(4π) for the uniform start, the file's own density integrated with the cell area
 4π/npix, and healpy's bilinear interpolation.
 
-The default suite reads with xdggs (both conventions) and cf-xarray; the heavy readers (CDO from
-the skyborn-cdo wheel, uxarray, cf-python, easygems) are marked `readers` (pytest -m readers) and skip,
+The default suite reads with cf-xarray, netCDF4 and healpy; the other readers (xdggs in both
+conventions, CDO from the skyborn-cdo wheel, uxarray, cf-python, easygems) are marked `readers` (pytest -m readers) and skip,
 visibly, where they are not installed."""
 
 import json
@@ -124,9 +124,10 @@ def test_layout(run_file):
 
 
 # ------------------------------------------------------------------ xdggs, cf-xarray
+@pytest.mark.readers
 @pytest.mark.parametrize("convention", ["xdggs", "cf"])
 def test_xdggs_cell_centres_are_healpys(run_file, density, convention):
-    xdggs = pytest.importorskip("xdggs")  # a test dependency: pip install -e '.[test]'
+    xdggs = pytest.importorskip("xdggs")  # a reader: pip install -e '.[readers]'
     ds = open_quietly(run_file)
     decoded = xdggs.decode(ds) if convention == "xdggs" else xdggs.decode(ds, convention="cf")
     info = decoded.dggs.grid_info
@@ -163,8 +164,8 @@ def test_easygems_reads_nside_and_nesting_from_a_plain_open(run_file):
 
 
 # ------------------------------------------------------------------ the solver's dataset
-def test_solver_dataset_writes_a_file_the_readers_read(tmp_path):
-    xdggs = pytest.importorskip("xdggs")
+def solver_file(tmp_path):
+    """The solver's in-memory dataset of a short nside-4 run, written by xarray: (path, npix)."""
     cfg = resolve(load_text(tmp_path, CONFIG.replace(f"nside = {NSIDE}", "nside = 4")))
     mesh = HealpixMesh(4)
     f0 = np.full(mesh.npix, UNIFORM)
@@ -174,12 +175,26 @@ def test_solver_dataset_writes_a_file_the_readers_read(tmp_path):
     assert ds.cell_ids.attrs == {"grid_name": "healpix", "level": 2, "indexing_scheme": "nested"}
     path = tmp_path / "solver.nc"
     ds.to_netcdf(path)
+    return path, mesh.npix
+
+
+def test_solver_dataset_writes_a_file_with_the_run_file_layout(tmp_path):
+    pytest.importorskip("cf_xarray")  # a test dependency (registers the .cf accessor)
+    path, _ = solver_file(tmp_path)
     with netCDF4.Dataset(path) as nc:
         assert [f for f in integer_attributes(nc) if f[2].itemsize > 4] == []
     back = open_quietly(path)
+    assert back.cf.grid_mapping_names == {"healpix": ["crs"]} and back.cf.standard_names["healpix_index"] == ["cell"]
+
+
+@pytest.mark.readers
+def test_xdggs_reads_the_solver_dataset(tmp_path):
+    xdggs = pytest.importorskip("xdggs")  # a reader: pip install -e '.[readers]'
+    path, npix = solver_file(tmp_path)
+    back = open_quietly(path)
     for convention in ("xdggs", "cf"):
         decoded = xdggs.decode(back, convention=convention)
-        lon, lat = hp.pix2ang(4, np.arange(mesh.npix), nest=True, lonlat=True)
+        lon, lat = hp.pix2ang(4, np.arange(npix), nest=True, lonlat=True)
         centres = decoded.dggs.cell_centers()
         np.testing.assert_allclose(centres.latitude.values, lat, atol=1e-10)
         np.testing.assert_allclose(np.cos(np.radians(centres.longitude.values - lon)), 1.0, atol=1e-12)
@@ -229,8 +244,14 @@ def test_old_file_opens_in_the_current_layout(run_file, tmp_path):
     assert a.attrs["nside"].dtype == np.int32 and a.crs.attrs["refinement_level"].dtype == np.int32
     np.testing.assert_array_equal(a.cell.values, b.cell.values)
     np.testing.assert_array_equal(a.density.values, b.density.values)
-    xdggs = pytest.importorskip("xdggs")
-    centres = xdggs.decode(a, convention="cf").dggs.cell_centers()
+
+
+@pytest.mark.readers
+def test_xdggs_reads_an_old_file(run_file, tmp_path):
+    xdggs = pytest.importorskip("xdggs")  # a reader: pip install -e '.[readers]'
+    old = tmp_path / "old.nc"
+    as_old_layout(run_file, old)
+    centres = xdggs.decode(open_run(old), convention="cf").dggs.cell_centers()
     assert_same_lonlat(centres.longitude.values, centres.latitude.values)
 
 

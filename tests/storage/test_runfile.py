@@ -62,8 +62,9 @@ def test_netcdf_layout(small_run):
             assert var.dimensions == ("time",) and var.long_name and hasattr(var, "units")
 
 
+@pytest.mark.readers
 def test_xdggs_decodes_without_arguments(small_run):
-    xdggs = pytest.importorskip("xdggs")  # a test dependency: installed by `pip install -e '.[test]'`
+    xdggs = pytest.importorskip("xdggs")  # a reader: pip install -e '.[readers]'
     ds = xr.open_dataset(small_run[1])
     decoded = xdggs.decode(ds)
     assert decoded.dggs.grid_info.level == 3
