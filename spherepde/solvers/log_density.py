@@ -23,6 +23,11 @@ Why: g is smooth where f spans decades (f = e^{linear} near the tails, a quadrat
 resolved peak), so the quadratic fit carries f to relative accuracy where finite volumes in f
 smear it by decades (docs/numerics.md, "Tails relative to f"). No CFL condition: Δt is set by
 how fast the field changes, and the run is converged in Δt like any time step.
+
+Status: a measured candidate, not used by `spherepde run`. It is cheap, but its bulk is off:
+the interpolation does not conserve mass while clusters collapse, and the interpolation error
+grows like h³/Δt, so the clusters' offset at t = 5 (β = 30) comes out 13–19 % low at nside 16
+(docs/numerics.md, "Tails relative to f"; validation/reports/tails/coupling.md).
 """
 
 from __future__ import annotations
