@@ -1,6 +1,7 @@
 """`spherepde plot`: the orthographic sphere figure and the movie (--movie). Expectations come
 from the run file (its snapshots, its atoms), not from the plotting code."""
 
+import math
 import shutil
 
 import healpy as hp
@@ -298,3 +299,23 @@ def test_the_figures_of_an_interrupted_run_say_so(tmp_path, agg):
     assert "--resume" in note
     assert len(plot_run(out, tmp_path)) == 3
     assert partial_note(open_run(run_config_text(tmp_path, "done", CONFIG))) is None
+
+
+def test_diagnostics_label_their_bounds_with_the_condition_they_need(atom_run, agg):
+    """The β = ∞ bound on W₂ says so at finite β (a finite-β curve may cross it), not at β = ∞;
+    the formulas are mathtext; the density axis follows min f and the a-posteriori bound (the
+    paper's bound may fall below it), and every panel has a y-label."""
+    from spherepde.storage.runfile import open_run
+    from spherepde.visualization.plots import diagnostics_plot
+
+    ds = open_run(atom_run)
+    assert math.isfinite(float(ds.attrs["beta"]))
+    fig, axes = diagnostics_plot(ds)
+    labels = [h.get_label() for h in axes[1].get_lines()]
+    assert any("bound at β = ∞ only" in s and s.startswith("$") for s in labels), labels
+    assert all(ax.get_ylabel() for ax in axes)
+    floor = min(ds.min_density.values.min(), ds.lower_bound_aposteriori.values.min())
+    assert axes[2].get_ylim()[0] == pytest.approx(floor * 1e-4)
+    ds.attrs["beta"] = "inf"
+    _, axes = diagnostics_plot(ds)
+    assert not any("only" in h.get_label() for h in axes[1].get_lines())
