@@ -424,8 +424,8 @@ class SpherePanels:
         self.images, self.markers = [], []
         lon, lat = _lonlat(centre)
         titles = ["Mollweide (lon 0 at the centre, east to the right)",
-                  f"front: centred on lon {lon:.0f}°, lat {lat:.0f}°",
-                  f"back: centred on lon {_wrap(lon + 180):.0f}°, lat {-lat:.0f}°"]
+                  f"front: centred on lon {_degrees(lon)}°, lat {_degrees(lat)}°",
+                  f"back: centred on lon {_degrees(_wrap(lon + 180))}°, lat {_degrees(-lat)}°"]
         blank = np.zeros(12 * nside * nside)
         for ax, grid, title in zip(self.axes, self.grids, titles):
             image = ax.imshow(_clip_for(norm, grid.image(blank)), origin="lower", extent=grid.extent,
@@ -470,6 +470,11 @@ def _lonlat(vector):
 def _wrap(lon):
     """Longitude in (-180, 180]."""
     return 180.0 - (180.0 - lon) % 360.0
+
+
+def _degrees(angle) -> str:
+    """An angle rounded to whole degrees, without the "-0" that rounding −0.3 gives."""
+    return str(int(round(angle)))
 
 
 def _atom_text(positions, masses, sep=", "):

@@ -150,6 +150,8 @@ def test_sphere_figure_is_not_blank(atom_run, tmp_path, agg):
     for ax in axes.flat:  # every panel's image has colour variation on the sphere
         data = ax.images[0].get_array()
         assert data.count() > 100 and data.std() > 0
+    titles = " ".join(ax.get_title() for ax in axes.flat)
+    assert "centred on lon" in titles and "-0°" not in titles  # no negative zero from rounding
 
 
 def test_projected_grid_puts_each_pixel_where_it_is(agg):
