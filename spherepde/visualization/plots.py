@@ -498,7 +498,8 @@ def _atom_legend(fig, total_mass):
 
 def sphere_figure(ds, times=None, centre=None, log=True, label=DENSITY_LABEL):
     """Rows of [Mollweide | front hemisphere | back hemisphere] for some snapshots (default: the
-    first and the last), one colour scale, atoms as points with area growing with mass. The
+    first, the one nearest t = log β when it lies inside the run, the E-phase, and the last),
+    one colour scale, atoms as points with area growing with mass. The
     hemispheres are centred on ±centre (default: mass_axis of the last snapshot). Returns
     (fig, axes (rows, 3))."""
     import matplotlib.pyplot as plt
@@ -506,7 +507,11 @@ def sphere_figure(ds, times=None, centre=None, log=True, label=DENSITY_LABEL):
     all_times = ds.time.values
     density = np.asarray(ds["density"].values, dtype=float)
     if times is None:
-        idx = sorted({0, all_times.size - 1})
+        idx = {0, all_times.size - 1}
+        lb = _log_beta(ds)
+        if math.isfinite(lb) and all_times[0] < lb < all_times[-1]:
+            idx.add(int(np.abs(all_times - lb).argmin()))
+        idx = sorted(idx)
     else:
         idx = [int(np.abs(all_times - t).argmin()) for t in times]
     if centre is None:

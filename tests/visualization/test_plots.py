@@ -321,3 +321,18 @@ def test_diagnostics_label_their_bounds_with_the_condition_they_need(atom_run, a
     ds.attrs["beta"] = "inf"
     _, axes = diagnostics_plot(ds)
     assert not any("only" in h.get_label() for h in axes[1].get_lines())
+
+
+def test_sphere_figure_shows_the_snapshot_at_log_beta(atom_run, agg):
+    """With t = log β inside the run, the default rows are the first snapshot, the one nearest
+    log β (the concentration on E) and the last; outside it, first and last only."""
+    from spherepde.visualization.plots import sphere_figure
+
+    ds = open_run(atom_run)
+    _, axes = sphere_figure(ds)
+    assert float(ds.attrs["log_beta"]) > 1.5 and axes.shape == (2, 3)  # log 10 = 2.3 is after t_end
+    ds.attrs["log_beta"] = 0.69  # log 2: nearest save time 0.75
+    _, axes = sphere_figure(ds)
+    assert axes.shape == (3, 3)
+    labels = [ax.texts[0].get_text().split("\n")[0] for ax in axes[:, 0]]
+    assert labels == ["t = 0", "t = 0.75", "t = 1.5"]
