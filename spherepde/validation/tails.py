@@ -43,7 +43,7 @@ from ..models.initial import ProjectedNormal, Uniform
 from ..solvers.eulerian import EulerianSolver
 from ..solvers.log_density import LogDensitySolver
 from ..solvers.particles import ParticleSolver, quadrature_particles
-from ..summation import attention_field
+from ..summation import attention_field, mesh_sources
 from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from .common import REPO
 
@@ -221,8 +221,8 @@ SHARE_AFTER = 1e-3  # the background's share at the atoms is reported once the m
 
 
 def _measure_of(mesh, f, atoms):
-    x, m = atoms.points() if atoms is not None and atoms.count else (np.empty((0, 3)), np.empty(0))
-    return np.concatenate([mesh.centroids, x]), np.concatenate([f * mesh.area, m])
+    """(points, masses) of f dA + the atoms (spherepde.summation.mesh_sources)."""
+    return mesh_sources(mesh, f, *(atoms.points() if atoms is not None else (None, None)))
 
 
 def _onset_summary(mesh, model, series, start):
