@@ -43,7 +43,12 @@ A config has the sections
                    both default to 0 below nside 8, whose cells are too wide for the rule;
                    atom_cut ("floor" (default): a new atom's patch keeps min(f, its outer ring's
                    least f); "tail": min(f, the e^{linear} fit of its outer ring), which leaves a
-                   steep background in place where the floor cuts a notch)
+                   steep background in place where the floor cuts a notch); tails ("finite_volume"
+                   (default) | "log": the tails of f from log f carried along characteristics,
+                   spherepde.solvers.tails; needs atoms, one head, no layers, no noise) with
+                   tail_interval (longest time between couplings, (0, 1]), tail_level (tail cells:
+                   below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
+                   around an atom kept by the finite volumes, [0, 8])
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
     [time]         t_end > 0, save_every in (0, t_end]
@@ -93,7 +98,8 @@ DEFAULTS = {
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 0.0,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
-                 "atom_cut": "floor"},
+                 "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.1, "tail_level": 1e-3,
+                 "tail_exclusion": 3.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
@@ -528,6 +534,20 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
     if eul["atom_cut"] not in ATOM_CUTS:
         raise ConfigError(f'[eulerian] atom_cut: must be "floor" or "tail", got {eul["atom_cut"]!r}')
+    if eul["tails"] not in TAIL_KINDS:
+        raise ConfigError(f'[eulerian] tails: must be "finite_volume" or "log", got {eul["tails"]!r}')
+    eul["tail_interval"] = _number("eulerian", "tail_interval", eul["tail_interval"], positive=True, high=1.0)
+    eul["tail_level"] = _number("eulerian", "tail_level", eul["tail_level"], positive=True, high=1.0)
+    if eul["tail_level"] >= 1.0:
+        raise ConfigError(f"[eulerian] tail_level: must be < 1 (a fraction of the largest density), "
+                          f"got {eul['tail_level']:g}")
+    eul["tail_exclusion"] = _number("eulerian", "tail_exclusion", eul["tail_exclusion"], low=0.0, high=8.0)
+    if eul["tails"] == "log":
+        if not eul["atoms"] or noisy:
+            raise ConfigError('[eulerian] tails: "log" needs atoms = true and no noise ([eulerian] atoms, '
+                              '[model] noise)')
+        if model.get("layers") is not None or len(model.get("heads") or [None]) > 1:
+            raise ConfigError('[eulerian] tails: "log" needs one head and no layers ([model] heads, [model] layers)')
     cap = eul["max_atoms"]
     if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= 4096:
         raise ConfigError(f"[eulerian] max_atoms: must be an integer in [1, 4096], got {cap!r}")
@@ -698,27 +718,34 @@ ADDED_KEYS.update({("model", "heads"): None, ("model", "layers"): None})  # seve
 ADDED_KEYS[("eulerian", "atom_stalled_width")] = 0.0  # the stalled-peak rule came later, off
 ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to the atom beside it
 ADDED_KEYS[("eulerian", "atom_cut")] = "floor"  # and the choice of what a new atom's patch keeps
+ADDED_KEYS.update({("eulerian", "tails"): "finite_volume", ("eulerian", "tail_interval"): 0.1,  # tails from log f
+                   ("eulerian", "tail_level"): 1e-3, ("eulerian", "tail_exclusion"): 3.0})
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
 ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
              "atom_join", "atom_cut")
 ATOM_CUTS = ("floor", "tail")
+TAIL_KINDS = ("finite_volume", "log")
+TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 
 def _idle_keys(section, a, b):
     """[eulerian] keys of a solver part that runs in neither config and so cannot change the
     run: everything but enabled and nside when both have enabled = false (token runs), the atom
-    keys when both have atoms = false. A changed default of such a key leaves old files valid."""
+    keys when both have atoms = false, the tail keys when both keep the finite volumes' tails. A changed default of such a key leaves old files valid."""
     if section != "eulerian":
         return set()
     keys = set(a) | set(b)
     if a.get("enabled") is False and b.get("enabled") is False:
         return keys - set(EULERIAN_KEYS_WITHOUT_SOLVE)
+    idle = set()
     if a.get("atoms") is False and b.get("atoms") is False:
-        return keys & set(ATOM_KEYS)
-    return set()
+        idle |= keys & set(ATOM_KEYS)
+    if a.get("tails") == "finite_volume" and b.get("tails") == "finite_volume":
+        idle |= keys & set(TAIL_KEYS)
+    return idle
 
 
 def difference(stored: dict, given: dict, ignore=RESUME_MAY_CHANGE) -> str | None:

@@ -77,6 +77,8 @@ from ..storage.schema import (
     PARTICLE_META,
     PARTICLE_WEIGHTS,
     SOLVER_META,
+    TAIL_ARRAYS,
+    TAIL_META,
 )
 from .build import build_initial_law, build_model, build_noise
 from .config import difference
@@ -143,6 +145,13 @@ def _atom_options(eul):
             "merge": eul["atom_merge"], "feeding": eul["atom_feeding"], "stalled_width": eul["atom_stalled_width"],
             "cut": eul["atom_cut"],
             "join": eul["atom_join"]}
+
+
+def _tail_options(eul):
+    """The LogTails options of an [eulerian] section, or None when the tails are the finite volumes'."""
+    if eul["tails"] != "log":
+        return None
+    return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"]}
 
 
 def run_times(config) -> list[float]:
@@ -227,7 +236,7 @@ class RunSetup:
         self._measures, self._diags, self._pdiags, self._lyapunov0 = {}, {}, {}, {}
         if noise is not None:
             self.attrs.update({"noise": noise.level, "noise_schedule": noise.schedule, "noise_law": noise.describe()})
-        self.f0 = self.solver = self.measure = self.diagnostics = None
+        self.f0 = self.solver = self.measure = self.diagnostics = self.log_f0 = None
         if self.eulerian:
             self._eulerian_layout(law, eul, dg)
         self.particles = _particle_setup(config, schedule, law, self.mesh, noise)
@@ -251,7 +260,9 @@ class RunSetup:
                                      summation=eul["summation"], tolerance=eul["tolerance"],
                                      near_field=eul["near_field"],
                                      velocity_tolerance=eul["velocity_tolerance"],
-                                     atoms=_atom_options(eul), noise=self.noise)
+                                     atoms=_atom_options(eul), noise=self.noise, tails=_tail_options(eul))
+        # with tails: log f₀ at the centroids, from the law's own density (exact, not a cell average)
+        self.log_f0 = np.log(law.density(mesh.centroids)) if self.solver.tails is not None else None
         theory0 = self.theory[0]
         self.measure = measure = _CellMeasure(mesh, theory0.model, dg["p"])
         self.diagnostics = MeasureDiagnostics(theory0.model, measure.points, measure.weights(f0), p=dg["p"],
@@ -292,6 +303,11 @@ class RunSetup:
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"],
                                "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"]})
+        if self.solver.tails is not None:
+            self.variables.update(TAIL_META)
+            self.arrays.update(TAIL_ARRAYS)
+            self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
+                               "tail_exclusion": eul["tail_exclusion"]})
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles
@@ -431,6 +447,8 @@ class RunSetup:
             state = atoms.state()
             arrays.update({name: state[name] for name in ATOM_ARRAYS})
             arrays.update({name: rec[name] for name in ATOM_DIAGNOSTICS})
+        if self.solver.tails is not None:
+            arrays["log_density"] = self.solver.tails.g
         measure = self._measure_of(k)
         points, weights = measure.measure(f, xa, ma)
         lyap = measure.lyapunov(f, xa, ma)
@@ -522,7 +540,8 @@ def _advance(setup, writer, times, records, start, bar, snapshot_log):
                                               resume_from=start.index)
     if setup.eulerian:
         states = ((t, f, rec, next(particle_iter)[2:] if particle_iter is not None else None)
-                  for _, t, f, rec in setup.solver.snapshots(setup.f0, times, start=start.eulerian))
+                  for _, t, f, rec in setup.solver.snapshots(setup.f0, times, start=start.eulerian,
+                                                                   log_f0=setup.log_f0))
     else:
         states = ((t, None, None, (x, log_f)) for _, t, x, log_f in particle_iter)
     max_sup_div = max((r["sup_div"] for r in records if "sup_div" in r), default=-math.inf)

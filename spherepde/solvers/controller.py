@@ -8,6 +8,8 @@ atoms changed; the density guards; sup_x div_S v and its time integral (trapezoi
 the steps, or over the exact evaluations when the velocity is extrapolated), which give the
 a-posteriori density bound ℓ₀·exp(−∫₀ᵗ sup div v ds); and at a switch of layer the new layer's
 summation objects and its sup div v (the right limit, which starts the next trapezoid).
+With tails from log f (spherepde.solvers.tails) a step lands on every coupling time, where the
+tail cells are substituted right after the atom update (a change of the source measure).
 
 A run can be continued from any snapshot: the record of a snapshot holds all the state besides
 the density (SolverState.from_record), so `snapshots(f0, times, start=state)` continues exactly
@@ -24,6 +26,7 @@ import numpy as np
 from ..storage.schema import ATOM_ARRAYS
 from ..transport.stepping import StepSizeCollapse
 from .guards import RunFailure
+from .tails import coupling_times
 from .timeline import segments
 
 __all__ = ["EulerianController", "RunState", "SolverState"]
@@ -46,11 +49,12 @@ class SolverState:
     velocity_interval_linear: float = 0.0
     atoms: dict | None = None  # Atoms.state() (arrays and counters), when atoms are on
     heat_products: int = 0  # sparse products of the heat flow so far, with noise
+    log_density: np.ndarray | None = None  # g = log f at the centroids, with tails
 
     @classmethod
     def from_record(cls, index, density, record, arrays=None):
         """The state of a snapshot from its density, its SNAPSHOT_META (and ATOM_META) record and,
-        with atoms, its arrays atom_position, atom_mass, atom_created."""
+        with atoms, its arrays atom_position, atom_mass, atom_created (and log_density with tails)."""
         atoms = None
         if arrays is not None and "atom_mass" in arrays:
             atoms = {name: np.array(arrays[name], dtype=float) for name in ATOM_ARRAYS}
@@ -60,7 +64,8 @@ class SolverState:
                    int(record["steps"]), int(record["steps_rejected"]), float(record["sup_div"]),
                    float(record["integrated_sup_div"]), float(record["max_sup_div"]),
                    float(record["velocity_interval"]), float(record["velocity_interval_linear"]), atoms,
-                   int(record.get("heat_products", 0)))
+                   int(record.get("heat_products", 0)),
+                   None if arrays is None or "log_density" not in arrays else np.array(arrays["log_density"], dtype=float))
 
 
 @dataclass
@@ -82,6 +87,7 @@ class RunState:
     t_save: float = math.nan
     f: np.ndarray | None = None
     rejected: int = 0
+    couplings: tuple = ()  # the tails' coupling times in the save interval being integrated
 
 
 class EulerianController:
@@ -92,11 +98,12 @@ class EulerianController:
         self.solver = solver
         self.state = None
 
-    def snapshots(self, f0, times, start: SolverState | None = None):
+    def snapshots(self, f0, times, start: SolverState | None = None, log_f0=None):
         """Integrate through the increasing times (times[0] = 0 is the start), yielding
         (k, t, f, record) at each: record holds the per-snapshot quantities of SNAPSHOT_META.
         start: continue from the state saved at snapshot start.index (f0 is still the t = 0
-        density, for ℓ₀ and the mass); the snapshots after it are yielded.
+        density, for ℓ₀ and the mass); the snapshots after it are yielded. log_f0: with tails,
+        log f₀ at the centroids (default: the log of f0).
         Raises RunFailure when a guard fires."""
         solver = self.solver
         mesh, atoms, velocity, stepper = solver.mesh, solver.atoms, solver.velocity, solver.stepper
@@ -117,6 +124,16 @@ class EulerianController:
         else:
             f = np.array(start.density, dtype=float)
             first = start.index + 1
+        tails = solver.tails
+        if tails is not None:
+            if start.index > 0 and start.log_density is None:
+                raise ValueError("a run with tails continues from a state with its log_density")
+            if start.index > 0:
+                g = start.log_density
+            else:
+                with np.errstate(divide="ignore"):
+                    g = np.log(f) if log_f0 is None else log_f0
+            tails.start(times[start.index], g, f, atoms)
         # the stepper counts over its lifetime; report the counts since t = 0
         steps_before = stepper.steps - start.steps
         rejected_before = stepper.rejected - start.rejected
@@ -138,9 +155,13 @@ class EulerianController:
             state.t_save = times[k]
             state.f = f
             if k > 0:
+                breaks = tuple(solver.schedule.switch_times)
+                if tails is not None:
+                    state.couplings = tuple(coupling_times(times[k - 1], state.t_save, tails.interval))
+                    breaks += state.couplings[:-1]
                 try:
-                    # a step lands on every switch time (spherepde.models.schedule)
-                    for t0, t1 in segments(times[k - 1], state.t_save, solver.schedule.switch_times):
+                    # a step lands on every switch time (spherepde.models.schedule) and coupling time
+                    for t0, t1 in segments(times[k - 1], state.t_save, breaks):
                         f = stepper.advance(f, t0, t1, callback=self.after_step)
                 except StepSizeCollapse as exc:
                     raise RunFailure(f"time step collapsed to {exc.dt:.3e} < dt_floor {stepper.dt_floor:g}",
@@ -166,6 +187,8 @@ class EulerianController:
         if solver.atoms is not None:
             changed = solver.update_atoms(t, state.f, fnew, dt)
             state.f = fnew
+        if t in state.couplings:  # exactly: the step was cut to land there
+            changed = solver.couple_tails(t, fnew) or changed
         # the next step starts at t: a new layer there is a switch (treated like a save time)
         switching = solver.schedule.key_at(t) != velocity.key
         if lag is not None:
@@ -230,6 +253,8 @@ class EulerianController:
             record.update({"atom_count": atoms.count, "atom_mass_total": atoms.total_mass,
                            "mesh_mass": mesh.integrate(f), "atoms_created": atoms.created_count,
                            "atoms_merged": atoms.merged_count, "atoms_refused": atoms.refused_count})
+        if solver.tails is not None:
+            record.update(solver.tails.last)
         if solver.noise is not None:
             record.update({"noise": solver.noise(t_save), "noise_integral": solver.noise.integral(0.0, t_save),
                            "heat_products": solver.diffusion.products - products_before})

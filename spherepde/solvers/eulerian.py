@@ -44,6 +44,12 @@ error measurement and the trapezoid of ∫ sup div v); then the extrapolation hi
 and restarted with the new model's exact fluxes, and sup div v is re-evaluated with the new model
 (the right limit, which starts the next trapezoid). A run resumed from a snapshot therefore repeats
 the uninterrupted one across switches, and layers of equal weights give the single-layer run.
+
+With tails (spherepde.solvers.tails, `tails={...}`) the state also holds g = log f at the centroids,
+carried along characteristics: at every coupling time (each save interval cut into equal parts of
+at most tails["interval"], a step lands on each) the tail cells of f take the cell averages of
+e^g, the bulk and the atoms are scaled to keep the mass, and the source measure has changed (the
+extrapolated fluxes restart, as after an atom event). It needs atoms, one head and no noise.
 """
 
 from __future__ import annotations
@@ -54,13 +60,14 @@ import xarray as xr
 from ..models.checks import check_model
 from ..models.schedule import schedule_of
 from ..storage.memory import memory_dataset
-from ..storage.schema import ATOM_ARRAYS, ATOM_DIAGNOSTICS, ATOM_META, NOISE_META, SNAPSHOT_META
+from ..storage.schema import ATOM_ARRAYS, ATOM_DIAGNOSTICS, ATOM_META, NOISE_META, SNAPSHOT_META, TAIL_ARRAYS, TAIL_META
 from ..summation import DEFAULT_TOL
 from ..transport import FluxDivergence, SSPStepper
 from ..transport.diffusion import MeshDiffusion
 from .atoms import Atoms
 from .controller import EulerianController, SolverState
 from .guards import Guards
+from .tails import LogTails
 from .timeline import progress_bar, save_times
 from .velocity import EulerianVelocity
 
@@ -81,13 +88,15 @@ class EulerianSolver:
     the state becomes density plus atoms (module docstring); self.atoms is the Atoms.
     noise: None or a spherepde.models.noise.NoiseSchedule (module docstring); with ν ≢ 0 it needs
     rk_order 2 and no atoms (ValueError otherwise); self.diffusion is then the MeshDiffusion.
+    tails: None or a dict of LogTails options (interval, level, exclusion): the tails from log f
+    (module docstring; needs atoms, one head, no noise); self.tails is the LogTails.
     self.switches counts the layer switches taken (spherepde.models.schedule).
     """
 
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
                  near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None,
-                 noise=None):
+                 noise=None, tails: dict | None = None):
         self.schedule = schedule_of(model)  # the one conversion (spherepde.models.schedule)
         for head in self.schedule.heads or ():
             check_model(head.B, head.V, head.beta)
@@ -114,7 +123,14 @@ class EulerianSolver:
                                   dt_floor=self.guards.dt_floor,
                                   point_velocity=None if atoms is None else self.velocity.atom_velocity,
                                   diffusion=self.diffusion, noise=self.noise)
+        self.tails = None if tails is None else self._log_tails(tails)
         self.controller = None
+
+    def _log_tails(self, options):
+        head = self.schedule.single_head
+        if self.atoms is None or self.noise is not None or head is None:
+            raise ValueError("tails from log f need atoms, one head and no noise")
+        return LogTails(self.mesh, head, **options)
 
     @property
     def velocity_tolerance(self) -> float:
@@ -163,6 +179,11 @@ class EulerianSolver:
         share[self.atoms.alive] = self.velocity.background_share(f)
         return share
 
+    def couple_tails(self, t, f) -> bool:
+        """At a coupling time: g advanced to t and the tail cells of f taken from it (LogTails.couple,
+        in place on f and the atoms' masses). True when the measure changed."""
+        return self.tails.couple(t, f, self.atoms)
+
     def sync_points(self):
         """The stepper carries the living atoms (None when there are none)."""
         if self.atoms is not None:
@@ -179,31 +200,35 @@ class EulerianSolver:
         return float(div.max())
 
     # ------------------------------------------------------------------ runs
-    def snapshots(self, f0, times, start: SolverState | None = None):
+    def snapshots(self, f0, times, start: SolverState | None = None, log_f0=None):
         """Integrate through the increasing times (times[0] = 0 is the start), yielding
         (k, t, f, record) at each (spherepde.solvers.controller.EulerianController.snapshots).
+        log_f0: with tails, log f₀ at the centroids (default log of the cell averages f0).
         After the last, self.controller.state is the RunState (ell0, max_sup_div, rejected)."""
         self.controller = EulerianController(self)
-        return self.controller.snapshots(f0, times, start)
+        return self.controller.snapshots(f0, times, start, log_f0)
 
     def run(self, f0, t_end: float, save_every: float, C0: float | None = None,
-            progress: bool = False, on_snapshot=None) -> xr.Dataset:
+            progress: bool = False, on_snapshot=None, log_f0=None) -> xr.Dataset:
         """Integrate from t = 0 to t_end, keeping snapshots every save_every (and at t_end).
 
         C0: constant of the paper's bound ½ℓ₀e^{−C₀t}; default the largest sup div v seen.
         on_snapshot(index, time, f, record): called as soon as each snapshot exists.
+        log_f0: with tails, log f₀ at the centroids (default: the log of f0).
         Returns an xarray.Dataset laid out as a run file (spherepde.storage.memory): density(time,
         cell) and the per-snapshot records (with atoms: their records and atom_position(time,
-        atom, xyz), atom_mass, atom_created).
+        atom, xyz), atom_mass, atom_created; with tails: their records and log_density(time, cell)).
         """
         times = save_times(t_end, save_every)
         bar = progress_bar(t_end) if progress else None
         records, densities, atom_states = [], [], []
-        for k, t, f, rec in self.snapshots(f0, times):
+        for k, t, f, rec in self.snapshots(f0, times, log_f0=log_f0):
             records.append(rec)
             densities.append(f.copy())
             if self.atoms is not None:
                 atom_states.append(dict(self.atoms.state(), **{name: rec[name] for name in ATOM_DIAGNOSTICS}))
+                if self.tails is not None:
+                    atom_states[-1]["log_density"] = self.tails.g.copy()
             if on_snapshot is not None:
                 on_snapshot(k, t, f, rec)
             if bar is not None:
@@ -214,12 +239,13 @@ class EulerianSolver:
         c0 = state.max_sup_div if C0 is None else float(C0)
         time = np.array([r["time"] for r in records])
         meta = dict(SNAPSHOT_META, **(ATOM_META if self.atoms is not None else {}),
-                    **(NOISE_META if self.noise is not None else {}))
+                    **(NOISE_META if self.noise is not None else {}), **(TAIL_META if self.tails is not None else {}))
         series = {name: (np.array([r[name] for r in records]), long_name, units)
                   for name, (long_name, units) in meta.items()}
         series["lower_bound_paper"] = (0.5 * state.ell0 * np.exp(-c0 * time), "½ ℓ₀ exp(−C₀ t)", "sr-1")
+        layout = dict(ATOM_ARRAYS, **ATOM_DIAGNOSTICS, **(TAIL_ARRAYS if self.tails is not None else {}))
         arrays = {name: (dims, np.array([a[name] for a in atom_states]), long_name, units)
-                  for name, (dims, long_name, units) in dict(ATOM_ARRAYS, **ATOM_DIAGNOSTICS).items()} if atom_states else {}
+                  for name, (dims, long_name, units) in layout.items()} if atom_states else {}
         attrs = {"nside": self.mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,
                  "velocity_tolerance": self.velocity_tolerance,
                  "beta": "mixed" if self.schedule.beta is None else self.schedule.beta, "ell0": state.ell0,

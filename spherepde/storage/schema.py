@@ -14,8 +14,8 @@ import json
 import numpy as np
 
 __all__ = ["CELL_DIM", "OLD_CELL_DIM", "CELL_INDEX_ATTRS", "TIME_ATTRS", "DENSITY_ATTRS", "int_attr", "attr_value",
-           "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "ATOM_DIAGNOSTICS", "DIAGNOSTIC_META",
-           "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS", "CARRIED_ARRAYS", "PARTICLE_WEIGHTS"]
+           "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "ATOM_DIAGNOSTICS",
+           "TAIL_META", "TAIL_ARRAYS", "DIAGNOSTIC_META", "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS", "CARRIED_ARRAYS", "PARTICLE_WEIGHTS"]
 
 # ---------------------------------------------------------------------- the grid and time
 CELL_DIM = "cell"  # what uxarray (from_healpix's face_dim), easygems and CDO's own output use
@@ -119,6 +119,18 @@ ATOM_ARRAYS = {
 ATOM_DIAGNOSTICS = {
     "atom_background_share": (("atom",), "share of the mesh density in the softmax weight at the atom, "
                               "Z_mesh / (Z_mesh + Z_atoms), largest over the heads (NaN: no atom, or beta = inf)", "1"),
+}
+
+# per-snapshot records of the tails from log f ([eulerian] tails = "log"): name → (long_name, units)
+TAIL_META = {
+    "tail_cells": ("cells whose density was taken from log f at the last coupling", "1"),
+    "tail_mass_moved": ("mass the tail cells gained at the last coupling (taken from the bulk and the atoms)", "1"),
+    "tail_drift": ("90th percentile over the tail cells of |log10(f_fv / f_log)| before the last coupling: the "
+                   "finite volumes' drift from the characteristics over one coupling interval", "1"),
+}
+# per-snapshot arrays of the tails (part of the state a resume restores)
+TAIL_ARRAYS = {
+    "log_density": (("cell",), "log f at the cell centroids, carried along characteristics (f in sr-1)", "1"),
 }
 
 # ---------------------------------------------------------------------- diagnostics of a measure

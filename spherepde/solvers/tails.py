@@ -1,0 +1,147 @@
+"""Tails of the density from log f: the hybrid state of the Eulerian solver (`[eulerian] tails = "log"`).
+
+At β ≥ 20 the mean field after t ≈ log β is steered by densities 10⁻¹⁰–10⁻¹⁵ below the clusters
+(docs/numerics.md#tails-relative-to-f), where a finite-volume density is wrong by decades: it
+reconstructs f, which varies there by about a decade per cell. Along a characteristic X(s) of the
+field v, g = log f obeys
+
+    d/ds g(X(s), s) = −div_S v(X(s), s),
+
+which transports relative accuracy: g(x, t₁) = g(X(t₀), t₀) − ∫_{t₀}^{t₁} div_S v dt along the path
+that arrives at x (spherepde.transport.semi_lagrangian.advance_log_density; g at the departure
+point by the limited quadratic interpolant, so no new extremum).
+
+The hybrid state is f (cell averages, finite volumes), the atoms, and g at the cell centroids.
+At every coupling time t₁ (each save interval cut into equal parts of at most `interval`):
+1. g is advanced from the previous coupling time t₀ in the field of the state, linear in time
+   between the state at t₀ and the state at t₁ (the attention sums of f dA + atoms);
+2. every tail cell, whose finite-volume average is below `level` × the mesh's largest and that lies
+   farther than `exclusion` cell sizes from every atom, takes the cell average of e^g;
+3. the rest (the bulk cells and the atoms) is scaled by one factor so that the mass of the
+   measure is unchanged (to round-off);
+4. in the bulk g is reset to log f, so that g never carries mass the finite volumes or the atoms
+   already hold.
+The conservative scheme thus keeps the bulk and the atoms, and the tails are those of the
+characteristics. Save times are coupling times, so a snapshot's f, atoms and g are the whole
+state: a resumed run repeats the uninterrupted one.
+
+Measured (docs/numerics.md#tails-relative-to-f): at β = 30 the F-onset of the paper's matrices
+from the projected-normal law of solvers/paper_beta.toml moves from 14.0 (finite volumes alone,
+every mesh) to 11.4 / 11.6 at nside 16 / 32, beside 11.7 for quadrature particles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..summation import attention_field, mesh_sources
+from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
+
+__all__ = ["LogTails", "coupling_times", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
+
+TAIL_INTERVAL = 0.1  # longest time between couplings
+TAIL_LEVEL = 1e-3  # tail cells: finite-volume average below this × the mesh's largest
+TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep the density
+
+
+def coupling_times(t0: float, t1: float, interval: float) -> list[float]:
+    """The coupling times in (t0, t1]: [t0, t1] cut into m = ⌈(t1 − t0)/interval⌉ equal parts
+    (t1 itself is the last, exactly)."""
+    m = max(1, math.ceil((t1 - t0) / interval - 1e-9))
+    return [t0 + (t1 - t0) * j / m for j in range(1, m)] + [t1]
+
+
+class LogTails:
+    """g = log f at the centroids of a HealpixMesh, coupled to the finite-volume density and the
+    atoms (module docstring). model: one AttentionModel (the field of g's paths; at β = ∞ the local field).
+
+    After `start`, `couple(t, f, atoms)` advances g to t and substitutes the tail cells of f (in
+    place, with the atoms' masses). The last coupling's tail cells, their mass taken from or
+    given to the bulk, and the finite volumes' drift from the characteristics over the interval
+    (90th percentile over the tail cells of |log₁₀(f / ⟨e^g⟩)| before the substitution) are in
+    `last`, its tail cells (a boolean mask) in `tail`."""
+
+    def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
+                 exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
+                 criterion: str = "min"):
+        self.reset, self.criterion = reset, criterion
+        self.mesh, self.model = mesh, model
+        self.interval, self.level, self.exclusion = float(interval), float(level), float(exclusion)
+        self.interpolant = QuadraticInterpolant(mesh, limited=limited)
+        self.reach = self.exclusion * math.sqrt(mesh.area)  # chordal ≈ geodesic at this size
+        self.g = None
+        self.t = math.nan
+        self._previous = None  # the field of the state at self.t
+        self.last = {}
+        self.tail = np.zeros(mesh.npix, dtype=bool)
+
+    def field_of(self, f, atoms):
+        """x ↦ (v(x), div_S v(x)): the attention field of f dA + the atoms, frozen now."""
+        sources, masses = mesh_sources(self.mesh, f, *(atoms.points() if atoms is not None else (None, None)))
+        model = self.model
+        return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
+
+    def start(self, t, g, f, atoms):
+        """g (log f at the centroids) at time t, with the state (f, atoms) there."""
+        g = np.array(g, dtype=float)
+        if g.shape != (self.mesh.npix,) or not np.isfinite(g).all():
+            raise ValueError(f"tails need log f at the {self.mesh.npix} centroids, finite (f > 0 everywhere)")
+        self.g, self.t = g, float(t)
+        self._previous = self.field_of(f, atoms)
+        self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
+
+    def couple(self, t, f, atoms) -> bool:
+        """Advance g from the previous coupling time to t and substitute the tail cells of f (in
+        place; the bulk and the atoms' masses scaled to keep the mass). True when f changed."""
+        t0, dt = self.t, t - self.t
+        if not dt > 0:
+            raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
+        before, now = self._previous, self.field_of(f, atoms)
+
+        def field(s, x):  # the field linear in time between the states at t0 and t
+            theta = min(max((s - t0) / dt, 0.0), 1.0)
+            if theta == 0.0 or theta == 1.0:  # an end of the interval: one state's sums only
+                return (now if theta else before)(x)
+            (va, da), (vb, db) = before(x), now(x)
+            return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
+
+        self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt)
+        self.t = float(t)
+        f_log = self.interpolant.cell_averages_of_exp(g)
+        near = self._near_atoms(atoms)
+        low = f if self.criterion == "fv" else np.minimum(f, f_log)
+        tail = (low < self.level * f.max()) & (f_log > 0) & ~near
+        both = tail & (f > 0)
+        drift = float(np.percentile(np.abs(np.log10(f[both] / f_log[both])), 90)) if both.any() else math.nan
+        area = self.mesh.area
+        moved = float((f_log[tail] - f[tail]).sum() * area)
+        changed = bool(tail.any())
+        if changed:
+            atom_mass = atoms.total_mass if atoms is not None else 0.0
+            scale = 1.0 - moved / (f[~tail].sum() * area + atom_mass)
+            f[tail] = f_log[tail]
+            f[~tail] *= scale
+            if atoms is not None:
+                atoms.masses *= scale
+        if self.reset == "bulk":
+            bulk = ~tail & (f > 0)
+        elif self.reset == "atoms":
+            bulk = near & (f > 0)
+        else:
+            bulk = np.zeros(f.shape, dtype=bool)
+        g[bulk] = np.log(f[bulk])
+        self._previous = self.field_of(f, atoms) if changed else now
+        self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift}
+        self.tail = tail
+        return changed
+
+    def _near_atoms(self, atoms):
+        """Cells whose centroid lies within `reach` of an atom."""
+        near = np.zeros(self.mesh.npix, dtype=bool)
+        if atoms is None or not atoms.count:
+            return near
+        for x in atoms.points()[0]:  # ≤ capacity atoms: O(npix) each
+            near |= np.linalg.norm(self.mesh.centroids - x, axis=1) < self.reach
+        return near
