@@ -501,10 +501,12 @@ def _dimension(model, given) -> int:
                               f"S^(d-1)), got {d!r}")
         return d
     tables = [model]
-    for entry in (model.get("heads") or []) + (model.get("layers") or []):
+    entries = [e for key in ("heads", "layers") if isinstance(model.get(key), list) for e in model[key]]
+    for entry in entries:  # (malformed lists are refused when the heads and layers are resolved)
         if isinstance(entry, dict):
             tables.append(entry)
-            tables.extend(h for h in entry.get("heads") or [] if isinstance(h, dict))
+            heads = entry.get("heads")
+            tables.extend(h for h in (heads if isinstance(heads, list) else []) if isinstance(h, dict))
     for table in tables:
         for name in ("B", "V"):
             value = table.get(name)

@@ -18,7 +18,8 @@ As in spherepde.summation.kernels the exponents are centred, e_j = λ_j + ⟨a, 
 a = β log₂e Bᵀx, â = a/|a|, λ_j = log₂(μ_j/max μ): the rounding error of an exponent is then
 ~ε|a||y_j − â|, small where the weights are heavy at large β, and the moments are centred too,
 m = â + Σw d/Σw (d = y − â). Weights come from the vectorised exp2 of spherepde.summation.fastmath,
-their exponents clamped at −2000 (weights below 2^−957.5 are 0 anyway), so no range limit on β.
+their exponents clamped at −2000 (weights below 2^−957.5 are 0 anyway), so no range limit on β;
+sources without mass have λ = −inf and weight 0.
 
 Layout: the sources of system k are a structure of arrays soa[k] (d, n) (source_rows), so the
 inner loops over a block of sources are contiguous and vectorise for every d; work items are
@@ -51,15 +52,16 @@ def source_rows(x):
 
 
 def log2_masses(masses):
-    """(λ (n,), ln max μ): λ_j = log₂(μ_j / max μ) ≤ 0, EXPONENT_FLOOR where μ_j = 0 (such a
-    source gets weight 0 exactly). Raises if no mass is positive."""
+    """(λ (n,), ln max μ): λ_j = log₂(μ_j / max μ) ≤ 0, −inf where μ_j = 0 (such a source gets
+    weight 0 exactly at any β: a finite floor would be beaten by β⟨a, y⟩ at large β). Raises if
+    no mass is positive."""
     mu = np.asarray(masses, dtype=float)
     top = float(mu.max()) if mu.size else 0.0
     if not top > 0 or not np.all(np.isfinite(mu)) or np.any(mu < 0):
         raise ValueError("token masses must be finite, >= 0 and not all zero")
     with np.errstate(divide="ignore"):
         lam = np.log2(mu / top)
-    return np.maximum(lam, EXPONENT_FLOOR), math.log(top)
+    return lam, math.log(top)
 
 
 @njit(cache=True, fastmath=SUMS)
@@ -79,10 +81,11 @@ def _block_max(buf):
 
 @njit(cache=True, fastmath=SUMS)
 def _weights(buf, shift):
-    """buf_j ← 2^(max(buf_j − shift, floor)); returns their sum."""
+    """buf_j ← 2^(max(buf_j − shift, floor)); returns their sum. maxnum: a source without mass
+    (−inf − (−inf) = NaN in a block of such sources) gets the floor, whose weight is 0."""
     z = 0.0
     for j in range(buf.size):
-        w = exp2_weight(max(buf[j] - shift, EXPONENT_FLOOR))
+        w = exp2_weight(maxnum(buf[j] - shift, EXPONENT_FLOOR))
         buf[j] = w
         z += w
     return z
@@ -165,7 +168,7 @@ def batched_softmax(targets, soa, lam, BT, beta, V, velocity, logz, ln_top):
 @njit(cache=True, parallel=True)
 def batched_hardmax(targets, soa, lam, BT, V, velocity):
     """β = ∞ tokens in any d: m(x) = y_j*, j* = argmax over sources with positive mass
-    (λ_j > EXPONENT_FLOOR) of ⟨Bᵀx, y_j⟩ (first index on ties), v = P_x(V m). Arrays as
+    (λ_j > −inf) of ⟨Bᵀx, y_j⟩ (first index on ties), v = P_x(V m). Arrays as
     batched_softmax."""
     nsys, n, d = targets.shape
     nsource = soa.shape[2]
@@ -181,7 +184,7 @@ def batched_hardmax(targets, soa, lam, BT, V, velocity):
         best = -np.inf
         arg = 0
         for j in range(nsource):
-            if lam[j] > EXPONENT_FLOOR:
+            if lam[j] > -np.inf:
                 s = 0.0
                 for q in range(d):
                     s += a[q] * soa[k, q, j]
