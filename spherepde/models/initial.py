@@ -182,7 +182,8 @@ class VonMisesFisher(InitialLaw):
         g = rng.normal(size=(n, d))
         g -= np.outer(g @ self.mu, self.mu)  # uniform direction in μ⊥
         g /= np.linalg.norm(g, axis=1, keepdims=True)
-        return w[:, None] * self.mu + np.sqrt(1.0 - w * w)[:, None] * g
+        y = w[:, None] * self.mu + np.sqrt(1.0 - w * w)[:, None] * g
+        return y / np.linalg.norm(y, axis=1, keepdims=True)  # unit to round-off (g ⊥ μ only to ~ε)
 
     def __repr__(self):
         return f"VonMisesFisher(mu={self.mu.tolist()}, kappa={self.kappa})"
