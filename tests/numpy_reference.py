@@ -289,3 +289,47 @@ def reference_field(model, sources, masses, x):
     tr = np.einsum("tii->t", K) - np.einsum("ti,tij,tj->t", x, K, x)
     div = model.beta * tr - 2 * np.sum(x * u, axis=1)
     return v, div, m
+
+
+def batched_softmax(x, masses, B, V, beta):
+    """Tokens of M systems x (M, n, d), each attending to its own system with masses (n,):
+    (v = P_x(V m_β) (M, n, d), log Z (M, n)) by a plain log-sum-exp in long double."""
+    ld = np.longdouble
+    v = np.empty(x.shape)
+    logz = np.empty(x.shape[:2])
+    masses = np.asarray(masses, dtype=float)
+    keep = masses > 0
+    for k in range(x.shape[0]):
+        xk = np.asarray(x[k], dtype=ld)
+        e = ld(beta) * (xk @ np.asarray(B, dtype=ld)) @ xk[keep].T + np.log(masses[keep].astype(ld))
+        top = e.max(axis=1, keepdims=True)
+        w = np.exp(e - top)
+        z = w.sum(axis=1)
+        m = (w @ xk[keep]) / z[:, None]
+        u = m @ np.asarray(V, dtype=ld).T
+        v[k] = (u - np.sum(xk * u, axis=1)[:, None] * xk).astype(float)
+        logz[k] = (top[:, 0] + np.log(z)).astype(float)
+    return v, logz
+
+
+def batched_hardmax(x, masses, B, V):
+    """β = ∞ tokens of M systems: m(x) = the token of largest ⟨Bᵀx, y⟩ among those with mass."""
+    v = np.empty(x.shape)
+    for k in range(x.shape[0]):
+        v[k] = hardmax_field(x[k], B, x[k], masses, V)
+    return v
+
+
+def threshold_components(x, threshold):
+    """(counts (M,), labels (M, n)): connected components of the thresholded Gram matrix
+    ⟨x_i, x_j⟩ ≥ threshold (scipy.sparse.csgraph; n × n: small n only), labelled by the smallest
+    index in each component."""
+    from scipy.sparse.csgraph import connected_components
+
+    counts, labels = [], []
+    for xk in x:
+        count, lab = connected_components(xk @ xk.T >= threshold, directed=False)
+        first = {c: np.flatnonzero(lab == c)[0] for c in range(count)}
+        counts.append(count)
+        labels.append(np.array([first[c] for c in lab]))
+    return np.array(counts), np.array(labels)

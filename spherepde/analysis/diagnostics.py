@@ -2,7 +2,9 @@
 
 A measure is given as points x_i (n, 3) on the unit sphere and weights w_i ≥ 0; every quantity
 below is normalised by the total weight, so it applies to probability measures. Distances are
-chordal (Euclidean in R³), the metric of the W₂ bounds of the theory.
+chordal (Euclidean in R³), the metric of the W₂ bounds of the theory. Tokens on S^{d−1}, d ≠ 3
+(points (n, d)): the alignments, V_p and the exact two-atom W₂ hold as written; the binned W₂
+(dim E > 1) needs HEALPix bins and is NaN there.
 
 - alignment with E: ∫ |Q_E x|² dρ, Q_E the ORTHOGONAL projector onto the principal eigenspace E
   of M = VBᵀ (equal to the spectral projector P_E when M is symmetric). In [0, 1], and 1 exactly
@@ -143,6 +145,9 @@ class MeasureDiagnostics:
         if model.E.dim == 1:
             self.atoms, self.atom_masses = projection_atoms(model, points0, weights0)
             self._target = None
+        elif model.dim != 3:  # the binned OT needs HEALPix bins: S² only
+            self.atoms = self.atom_masses = None
+            self._target = "not defined"
         else:
             self.atoms = self.atom_masses = None
             proj = model.project_E(points0)
@@ -155,6 +160,8 @@ class MeasureDiagnostics:
             return "not defined (E and Π are not defined for this model)"
         if self._target is None:
             return "exact (two atoms: threshold plan)"
+        if isinstance(self._target, str):
+            return "not defined (dim E > 1 off S²: the binned OT needs the HEALPix bins of S²)"
         return f"discrete OT (POT emd) on HEALPix nside {self.w2_nside} bins"
 
     def __call__(self, points, weights, lyapunov_value=None) -> dict:
@@ -165,6 +172,8 @@ class MeasureDiagnostics:
             return {name: math.nan for name in DIAGNOSTIC_META}
         if self._target is None:
             w2 = w2_to_two_atoms(points, weights, self.atoms[0], self.atom_masses[0])
+        elif isinstance(self._target, str):
+            w2 = math.nan
         else:
             w2 = w2_binned(points, weights, *self._target, nside=self.w2_nside)
         return {

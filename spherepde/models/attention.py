@@ -31,13 +31,13 @@ UNSCALED_EXPONENT_MAX = 600.0
 
 @dataclass(frozen=True)
 class SpectralData:
-    """Principal eigenspace of a real 3×3 matrix A.
+    """Principal eigenspace of a real d×d matrix A (d ≥ 2).
 
     eigenvalues: all eigenvalues, sorted by decreasing real part.
     dominant: the eigenvalue(s) of largest real part; dim: their number (the dimension of the
     real invariant subspace, 2 for a complex pair). projector: the spectral projector
     Σ r_i l_iᴴ / (l_iᴴ r_i) over the dominant eigenvalues (real). basis: orthonormal basis of its
-    range, shape (3, dim). gap: Re λ_dominant − the largest real part of the others (∞ if none).
+    range, shape (d, dim). gap: Re λ_dominant − the largest real part of the others (∞ if none).
     """
 
     eigenvalues: np.ndarray
@@ -61,7 +61,7 @@ def spectral_data(A, rtol: float = 1e-10) -> SpectralData:
     rest = w[~top]
     gap = float(w.real[0] - rest.real.max()) if rest.size else math.inf
     complex_pair = bool(np.any(np.abs(dominant.imag) > rtol * scale))
-    P = np.zeros((3, 3), dtype=complex)
+    P = np.zeros(A.shape, dtype=complex)
     defective = False
     for i in np.nonzero(top)[0]:
         denom = np.vdot(vl[:, i], vr[:, i])
@@ -76,12 +76,13 @@ def spectral_data(A, rtol: float = 1e-10) -> SpectralData:
 
 
 def _as_matrix(name, value):
+    """A real square d×d matrix, d ≥ 2 (d = 3 on S²; tokens on S^{d−1} take any d)."""
     try:
         arr = np.array(value, dtype=float)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real 3×3 matrix") from None
-    if arr.shape != (3, 3):
-        raise ValueError(f"{name} must be a real 3×3 matrix, got shape {arr.shape}")
+        raise ValueError(f"{name} must be a real square matrix (d×d, d >= 2)") from None
+    if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 2:
+        raise ValueError(f"{name} must be a real square matrix (d×d, d >= 2), got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} has non-finite entries")
     return arr
@@ -89,7 +90,9 @@ def _as_matrix(name, value):
 
 @dataclass
 class AttentionModel:
-    """Single-head attention dynamics on S²: B, V (3×3, real), beta > 0 or math.inf.
+    """Single-head attention dynamics on S^{d−1}: B, V (d×d, real, the same d ≥ 2; d = 3 is S²,
+    the only dimension of the mesh, the Eulerian solver and the quadrature particles; tokens take
+    any d), beta > 0 or math.inf.
 
     normalisation: "softmax" (v = P_x(V m_β)) or "unnormalised" (v = P_x(V Z m_β), finite β
     only); unnormalised_scale: "none" or "exp_beta" (the unnormalised field divided by
@@ -110,6 +113,8 @@ class AttentionModel:
     def __post_init__(self):
         self.B = _as_matrix("B", self.B)
         self.V = _as_matrix("V", self.V)
+        if self.V.shape != self.B.shape:
+            raise ValueError(f"V must have the shape of B {self.B.shape}, got {self.V.shape}")
         try:
             beta = float(self.beta)
         except (TypeError, ValueError):
@@ -117,7 +122,7 @@ class AttentionModel:
         if math.isnan(beta) or beta <= 0 or beta == -math.inf:
             raise ValueError(f"beta must be a positive number or inf, got {self.beta!r}")
         self.beta = beta
-        if np.linalg.matrix_rank(self.B) < 3 and math.isinf(beta):
+        if np.linalg.matrix_rank(self.B) < self.dim and math.isinf(beta):
             # the zero-temperature field divides by |Bᵀx|, which vanishes on ker Bᵀ
             raise ValueError("beta = inf needs an invertible B (the field divides by |Bᵀx|)")
         if self.normalisation not in NORMALISATIONS:
@@ -138,6 +143,11 @@ class AttentionModel:
         self.F = spectral_data(self.V)
 
     # -------------------------------------------------------------- derived quantities
+    @property
+    def dim(self) -> int:
+        """d: the tokens live on S^{d−1} ⊂ R^d."""
+        return int(self.B.shape[0])
+
     @property
     def zero_temperature(self) -> bool:
         return math.isinf(self.beta)
@@ -179,7 +189,7 @@ class AttentionModel:
         }
 
     def project_E(self, x):
-        """Π(x) = P_E x / |P_E x| for points x (n, 3); NaN where P_E x = 0 (x ∈ ker P_E)."""
+        """Π(x) = P_E x / |P_E x| for points x (n, d); NaN where P_E x = 0 (x ∈ ker P_E)."""
         y = np.asarray(x, dtype=float) @ self.E.projector.T
         norm = np.linalg.norm(y, axis=-1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):

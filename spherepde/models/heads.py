@@ -46,8 +46,8 @@ def orthogonal_scale(B, rtol: float = 1e-12) -> float | None:
     """c > 0 when B Bᵀ = c² I (to rtol), i.e. |Bᵀx| = c on the whole sphere; else None."""
     B = np.asarray(B, dtype=float)
     G = B @ B.T
-    c2 = float(np.trace(G)) / 3.0
-    if not c2 > 0 or np.abs(G - c2 * np.eye(3)).max() > rtol * c2:
+    c2 = float(np.trace(G)) / len(G)
+    if not c2 > 0 or np.abs(G - c2 * np.eye(len(G))).max() > rtol * c2:
         return None
     return math.sqrt(c2)
 
@@ -67,6 +67,9 @@ class MultiHeadModel:
         for h, head in enumerate(heads):
             if not isinstance(head, AttentionModel):
                 raise TypeError(f"heads[{h}]: expected an AttentionModel, got {type(head).__name__}")
+            if head.dim != heads[0].dim:
+                raise ValueError(f"heads[{h}]: {head.dim}×{head.dim} matrices, but heads[0] has "
+                                 f"{heads[0].dim}×{heads[0].dim} (one dimension d for every head)")
         object.__setattr__(self, "heads", heads)
 
     @classmethod
@@ -90,6 +93,11 @@ class MultiHeadModel:
         return len(self.heads)
 
     @property
+    def dim(self) -> int:
+        """d of the heads (all equal): the tokens live on S^{d−1}."""
+        return self.heads[0].dim
+
+    @property
     def zero_temperature(self) -> bool:
         """Every head at β = ∞."""
         return all(h.zero_temperature for h in self.heads)
@@ -97,7 +105,7 @@ class MultiHeadModel:
     @property
     def M(self) -> np.ndarray:
         """Σ_h M_h, the matrix of the combined field when every head is local with |B_hᵀx| = 1."""
-        return sum((h.M for h in self.heads), np.zeros((3, 3)))
+        return sum((h.M for h in self.heads), np.zeros((self.dim, self.dim)))
 
     @property
     def beta(self):
@@ -132,8 +140,9 @@ def theory_objects(model) -> TheoryObjects:
         return TheoryObjects(heads[0], True, "one head: E, Π of M = VBᵀ, F of V")
     scales = [orthogonal_scale(h.B) for h in heads]
     if all(h.zero_temperature for h in heads) and all(c is not None for c in scales):
-        M = sum((h.M / c for h, c in zip(heads, scales)), np.zeros((3, 3)))
-        return TheoryObjects(AttentionModel(np.eye(3), M, math.inf), False,
+        d = heads[0].dim
+        M = sum((h.M / c for h, c in zip(heads, scales)), np.zeros((d, d)))
+        return TheoryObjects(AttentionModel(np.eye(d), M, math.inf), False,
                              f"{len(heads)} heads at β = ∞ with B_h = c_h·orthogonal: the local field "
                              "P_x(Mx), M = Σ_h V_h B_hᵀ/c_h; E, Π of M; F not defined for several heads")
     why = ("a head at finite β (the combined field is nonlocal)"

@@ -1,8 +1,15 @@
-"""Initial laws on S²: densities w.r.t. surface measure (1/steradian) and samplers of the same law.
+"""Initial laws on S^{d−1}: densities w.r.t. surface measure (1/steradian on S²) and samplers of
+the same law.
 
-Every law has ``density(x)`` at unit vectors x (n, 3), ``sample(n, rng)`` → (n, 3), and
+Every law has a dimension ``dim`` = d (the length of mu / mean; 3 by default: S²),
+``density(x)`` at unit vectors x (n, d), ``sample(n, rng)`` → (n, d), and, on S² only,
 ``cell_averages(mesh)``: exact-area cell averages renormalised so that Σ_c A f_c = 1 to round-off
 (the renormalisation corrects only the quadrature error of the cell rule).
+
+Any d ≥ 2 (tokens on S^{d−1}): the uniform law, von Mises–Fisher (sampled with Wood's rejection
+algorithm for d ≠ 3, the exact inversion on S²), mixtures of them and the projected normal
+(sampled as X/|X|; its density is implemented for d = 3 only, where the mesh needs it). The draws
+on S² are those of the code before any d was supported.
 """
 
 from __future__ import annotations
@@ -10,20 +17,36 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import erfcx
+from scipy.special import erfcx, gammaln, ive
 
 __all__ = ["Uniform", "VonMisesFisher", "Mixture", "ProjectedNormal", "InitialLaw"]
 
 
 def _unit(v, name):
     v = np.asarray(v, dtype=float)
-    if v.shape != (3,) or not np.all(np.isfinite(v)) or np.linalg.norm(v) == 0:
-        raise ValueError(f"{name} must be a non-zero finite 3-vector")
+    if v.ndim != 1 or v.size < 2 or not np.all(np.isfinite(v)) or np.linalg.norm(v) == 0:
+        raise ValueError(f"{name} must be a non-zero finite vector of length d >= 2")
     return v / np.linalg.norm(v)
 
 
+def log_sphere_area(d: int) -> float:
+    """ln |S^{d−1}| = ln(2π^{d/2}/Γ(d/2)) (4π for d = 3)."""
+    return math.log(2.0) + 0.5 * d * math.log(math.pi) - float(gammaln(0.5 * d))
+
+
+def _log_bessel_i(nu, k):
+    """ln I_ν(k), k > 0: from the scaled ive, or its leading series term where ive underflows
+    (large ν, small k)."""
+    value = float(ive(nu, k))
+    if value > 0 and math.isfinite(value):
+        return math.log(value) + k
+    return nu * math.log(0.5 * k) - float(gammaln(nu + 1.0))
+
+
 class InitialLaw:
-    """Base class: subclasses define density(x) and sample(n, rng)."""
+    """Base class: subclasses define density(x) and sample(n, rng); dim is d (S^{d−1})."""
+
+    dim = 3
 
     def density(self, x):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -41,6 +64,8 @@ class InitialLaw:
         is evaluated as exp(log f − c), c its maximum over the quadrature points: a law far
         narrower than the cells (vMF κ = 1.3e5 at nside 1) would otherwise underflow to 0 or
         to subnormal averages with a few significant bits, and no normalisation would be exact."""
+        if self.dim != 3:
+            raise ValueError(f"cell averages need the mesh of S² (d = 3), this law has d = {self.dim}")
         top = -np.inf
 
         def scan(x):
@@ -56,36 +81,51 @@ class InitialLaw:
 
 
 class Uniform(InitialLaw):
-    """The uniform law, density 1/(4π)."""
+    """The uniform law on S^{d−1}, density 1/|S^{d−1}| (1/(4π) on S²); sampled as X/|X|,
+    X ~ N(0, I_d)."""
+
+    def __init__(self, dim: int = 3):
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 2:
+            raise ValueError(f"dimension must be an integer >= 2, got {dim!r}")
+        self.dim = int(dim)
 
     def density(self, x):
-        return np.full(np.asarray(x).shape[0], 1.0 / (4.0 * math.pi))
+        value = 1.0 / (4.0 * math.pi) if self.dim == 3 else math.exp(-log_sphere_area(self.dim))
+        return np.full(np.asarray(x).shape[0], value)
 
     def sample(self, n, rng=None):
         rng = np.random.default_rng(rng)
-        x = rng.normal(size=(n, 3))
+        x = rng.normal(size=(n, self.dim))
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
     def __repr__(self):
-        return "Uniform()"
+        return "Uniform()" if self.dim == 3 else f"Uniform(dim={self.dim})"
 
 
 class VonMisesFisher(InitialLaw):
-    """von Mises–Fisher law: f(y) = κ/(4π sinh κ) e^{κ⟨μ,y⟩} (κ ≥ 0; κ = 0 is uniform).
+    """von Mises–Fisher law on S^{d−1}, d = len(mu): f(y) = C_d(κ) e^{κ⟨μ,y⟩} (κ ≥ 0; κ = 0 is
+    uniform), C_d(κ) = κ^{d/2−1}/((2π)^{d/2} I_{d/2−1}(κ)); on S² C_3 = κ/(4π sinh κ).
 
-    Evaluated as κ/(2π(1 − e^{−2κ})) e^{κ(⟨μ,y⟩ − 1)}, which neither overflows nor cancels.
+    Evaluated as C_d(κ)e^{κ} · e^{κ(⟨μ,y⟩ − 1)} (on S²: κ/(2π(1 − e^{−2κ})) e^{κ(⟨μ,y⟩ − 1)}), which
+    neither overflows nor cancels.
     """
 
     def __init__(self, mu, kappa):
         self.mu = _unit(mu, "mu")
+        self.dim = self.mu.size
         kappa = float(kappa)
         if not (math.isfinite(kappa) and kappa >= 0):
             raise ValueError(f"kappa must be a finite number >= 0, got {kappa!r}")
         self.kappa = kappa
 
     def log_normaliser(self):
-        """log of κ/(2π(1 − e^{−2κ})); 1/(4π) at κ = 0."""
-        k = self.kappa
+        """log of C_d(κ)e^{κ}: κ/(2π(1 − e^{−2κ})) on S²; 1/|S^{d−1}| at κ = 0."""
+        k, d = self.kappa, self.dim
+        if d != 3:
+            if k < 1e-8:
+                return -log_sphere_area(d)
+            nu = 0.5 * d - 1.0
+            return nu * math.log(k) - 0.5 * d * math.log(2.0 * math.pi) - (_log_bessel_i(nu, k) - k)
         if k < 1e-8:
             return -math.log(4.0 * math.pi) + k  # κ/(2π·2κ(1 − κ + …)) ≈ (1 + κ)/(4π)
         return math.log(k) - math.log(2.0 * math.pi) - math.log(-math.expm1(-2.0 * k))
@@ -98,8 +138,12 @@ class VonMisesFisher(InitialLaw):
         return self.log_normaliser() + self.kappa * (x @ self.mu - 1.0)
 
     def sample(self, n, rng=None):
-        """Exact sampler: W = ⟨μ, y⟩ has density ∝ e^{κw} on [−1, 1], inverted in closed form."""
+        """Exact sampler. On S²: W = ⟨μ, y⟩ has density ∝ e^{κw} on [−1, 1], inverted in closed
+        form. Other d: Wood's rejection sampler for W (density ∝ e^{κw}(1 − w²)^{(d−3)/2}), then
+        y = Wμ + √(1 − W²) u, u uniform on the unit sphere of μ⊥."""
         rng = np.random.default_rng(rng)
+        if self.dim != 3:
+            return self._sample_wood(int(n), rng)
         u = rng.random(n)
         k = self.kappa
         if k < 1e-8:
@@ -114,6 +158,32 @@ class VonMisesFisher(InitialLaw):
         r = np.sqrt(np.clip(1.0 - w * w, 0.0, None))
         return (w[:, None] * self.mu + r[:, None] * (np.cos(phi)[:, None] * e1
                                                      + np.sin(phi)[:, None] * e2))
+
+    def _sample_wood(self, n, rng):
+        """Wood (1994), Commun. Statist. Simul. 23, 157: with b = (d−1)/(2κ + √(4κ² + (d−1)²)),
+        x₀ = (1 − b)/(1 + b), c = κx₀ + (d−1) ln(1 − x₀²), draw Z ~ Beta((d−1)/2, (d−1)/2),
+        U ~ U(0, 1), W = (1 − (1+b)Z)/(1 − (1−b)Z), and accept when κW + (d−1) ln(1 − x₀W) − c ≥ ln U.
+        (b in this form does not cancel at large κ.)"""
+        d, k = self.dim, self.kappa
+        b = (d - 1.0) / (2.0 * k + math.sqrt(4.0 * k * k + (d - 1.0) ** 2))
+        x0 = (1.0 - b) / (1.0 + b)
+        c = k * x0 + (d - 1.0) * math.log1p(-x0 * x0)
+        w = np.empty(n)
+        todo = np.arange(n)
+        while todo.size:
+            z = rng.beta(0.5 * (d - 1.0), 0.5 * (d - 1.0), size=todo.size)
+            u = rng.random(todo.size)
+            cand = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
+            with np.errstate(divide="ignore"):
+                ok = k * cand + (d - 1.0) * np.log1p(-x0 * cand) - c >= np.log(u)
+            w[todo[ok]] = cand[ok]
+            todo = todo[~ok]
+        w = np.clip(w, -1.0, 1.0)
+        g = rng.normal(size=(n, d))
+        g -= np.outer(g @ self.mu, self.mu)  # uniform direction in μ⊥
+        g /= np.linalg.norm(g, axis=1, keepdims=True)
+        y = w[:, None] * self.mu + np.sqrt(1.0 - w * w)[:, None] * g
+        return y / np.linalg.norm(y, axis=1, keepdims=True)  # unit to round-off (g ⊥ μ only to ~ε)
 
     def __repr__(self):
         return f"VonMisesFisher(mu={self.mu.tolist()}, kappa={self.kappa})"
@@ -130,6 +200,9 @@ class Mixture(InitialLaw):
             raise ValueError("mixture weights must be finite, >= 0 and not all zero")
         self.weights = weights / weights.sum()
         self.laws = list(laws)
+        self.dim = self.laws[0].dim
+        if any(law.dim != self.dim for law in self.laws):
+            raise ValueError("mixture components must all have the same dimension d")
 
     def density(self, x):
         return sum(w * law.density(x) for w, law in zip(self.weights, self.laws))
@@ -149,7 +222,7 @@ class Mixture(InitialLaw):
     def sample(self, n, rng=None):
         rng = np.random.default_rng(rng)
         component = rng.choice(len(self.laws), size=n, p=self.weights)
-        out = np.empty((n, 3))
+        out = np.empty((n, self.dim))
         for k, law in enumerate(self.laws):
             idx = np.nonzero(component == k)[0]
             if idx.size:
@@ -161,20 +234,22 @@ class Mixture(InitialLaw):
 
 
 class ProjectedNormal(InitialLaw):
-    """Law of X/|X| for X ~ N(mean, cov) in R³ (angular central Gaussian when mean = 0).
+    """Law of X/|X| for X ~ N(mean, cov) in R^d, d = len(mean) (angular central Gaussian when
+    mean = 0). The density below is that of d = 3 (the mesh's); for other d only sample.
 
     f(y) = e^{−c/2} / ((2π)^{3/2} |Σ|^{1/2} a^{3/2}) · [(1 + α²) √(2π) e^{α²/2} Φ(α) + α],
     a = yᵀΣ⁻¹y, b = yᵀΣ⁻¹m, c = mᵀΣ⁻¹m, α = b/√a: the radial integral ∫₀^∞ r² φ(r y) dr in
     closed form. α² ≤ c (Cauchy–Schwarz), so e^{(α² − c)/2} is evaluated without overflow.
     """
 
-    def __init__(self, mean=(0.0, 0.0, 0.0), cov=np.eye(3)):
+    def __init__(self, mean=(0.0, 0.0, 0.0), cov=None):
         self.mean = np.asarray(mean, dtype=float)
-        self.cov = np.asarray(cov, dtype=float)
-        if self.mean.shape != (3,) or not np.all(np.isfinite(self.mean)):
-            raise ValueError("mean must be a finite 3-vector")
-        if self.cov.shape != (3, 3) or not np.all(np.isfinite(self.cov)):
-            raise ValueError("cov must be a finite 3×3 matrix")
+        if self.mean.ndim != 1 or self.mean.size < 2 or not np.all(np.isfinite(self.mean)):
+            raise ValueError("mean must be a finite vector of length d >= 2")
+        self.dim = d = self.mean.size
+        self.cov = np.eye(d) if cov is None else np.asarray(cov, dtype=float)
+        if self.cov.shape != (d, d) or not np.all(np.isfinite(self.cov)):
+            raise ValueError(f"cov must be a finite {d}×{d} matrix (d = len(mean))")
         if not np.allclose(self.cov, self.cov.T):
             raise ValueError("cov must be symmetric")
         try:
@@ -185,6 +260,8 @@ class ProjectedNormal(InitialLaw):
         self._logdet = 2.0 * np.sum(np.log(np.diag(self._chol)))
 
     def density(self, x):
+        if self.dim != 3:
+            raise NotImplementedError(f"the projected-normal density is implemented for d = 3, not d = {self.dim}")
         x = np.asarray(x, dtype=float)
         a = np.einsum("ni,ij,nj->n", x, self._prec, x)
         b = x @ (self._prec @ self.mean)
@@ -202,7 +279,7 @@ class ProjectedNormal(InitialLaw):
 
     def sample(self, n, rng=None):
         rng = np.random.default_rng(rng)
-        x = self.mean + rng.normal(size=(n, 3)) @ self._chol.T
+        x = self.mean + rng.normal(size=(n, self.dim)) @ self._chol.T
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
     def __repr__(self):

@@ -49,6 +49,10 @@ class Schedule:
                                  f"{starts[k - 1]:g}, got {starts[k]!r}")
         self.starts = tuple(starts)
         self.layers = tuple(MultiHeadModel.of(m) for m in given)
+        for k, layer in enumerate(self.layers):
+            if layer.dim != self.layers[0].dim:
+                raise ValueError(f"layers[{k}]: {layer.dim}×{layer.dim} matrices, but layers[0] has "
+                                 f"{self.layers[0].dim}×{self.layers[0].dim} (one dimension d for every layer)")
         self.layered = bool(layered)
         self._descriptions = tuple(m.describe() for m in given)
 
@@ -60,6 +64,11 @@ class Schedule:
     @property
     def switch_times(self):
         return self.starts[1:]
+
+    @property
+    def dim(self) -> int:
+        """d of every head of every layer: the tokens live on S^{d−1}."""
+        return self.layers[0].dim
 
     @property
     def heads(self) -> tuple:
@@ -101,6 +110,7 @@ class CallableSchedule:
 
     switch_times = ()
     layers = None
+    dim = None  # known once the callable is evaluated
     heads = None
     beta = None
     single_head = None

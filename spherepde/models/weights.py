@@ -2,8 +2,9 @@
 
 A config may name a law instead of giving a matrix (`[model] B = "goe"`, `V = "-B"`); with
 `weight_seed` (and `weight_scale`) the draw is reproducible, and a sweep over `weight_seed` is an
-ensemble of models. The laws, for n × n matrices (n = 3 here), entries scaled so that the
-spectrum stays O(1) as n grows:
+ensemble of models. The laws, for n × n matrices (n = d, the dimension of the model: 3 on S²,
+`[model] dimension` for tokens on S^{d−1}), entries scaled so that the spectrum stays O(1) as n
+grows:
 
     "gaussian"    Ginibre: i.i.d. N(0, 1/n) entries
     "goe"         Gaussian orthogonal ensemble: (G + Gᵀ)/√2, G Ginibre (off-diagonal variance 1/n,
@@ -47,17 +48,17 @@ def random_matrix(law: str, rng: np.random.Generator, n: int = 3) -> np.ndarray:
     raise ValueError(f"unknown law {law!r} (one of {', '.join(LAWS)})")
 
 
-def resolve_weights(B, V, seed: int = 0, scale: float = 1.0, key=()):
+def resolve_weights(B, V, seed: int = 0, scale: float = 1.0, key=(), dim: int = 3):
     """(B, V) as matrices: each given as a matrix, a law of LAWS (drawn with its own stream of
-    SeedSequence(seed, spawn_key=key), times scale) or a reference to the other ("B", "-B", "V",
-    "-V"). key: () for the single-head model, a tuple of integers per head or layer (spherepde.runner.config).
+    SeedSequence(seed, spawn_key=key), times scale, dim × dim) or a reference to the other ("B", "-B",
+    "V", "-V"). key: () for the single-head model, a tuple of integers per head or layer (spherepde.runner.config).
     Raises ValueError naming "B" or "V" for a reference to itself or a pair of references."""
     streams = dict(zip("BV", np.random.SeedSequence(seed, spawn_key=tuple(key)).spawn(2)))
     given = {"B": B, "V": V}
     out = {}
     for name, value in given.items():
         if isinstance(value, str) and value in LAWS:
-            out[name] = scale * random_matrix(value, np.random.default_rng(streams[name]))
+            out[name] = scale * random_matrix(value, np.random.default_rng(streams[name]), int(dim))
         elif not isinstance(value, str):
             out[name] = np.array(value, dtype=float)
     for name, value in given.items():
@@ -69,6 +70,6 @@ def resolve_weights(B, V, seed: int = 0, scale: float = 1.0, key=()):
                 raise ValueError(f'{name}: "{value}" refers to {other}, which refers back')
             out[name] = (-1.0 if value.startswith("-") else 1.0) * out[other]
         elif isinstance(value, str) and name not in out:
-            raise ValueError(f"{name}: {value!r} is neither a 3×3 matrix nor one of "
+            raise ValueError(f"{name}: {value!r} is neither a d×d matrix nor one of "
                              f"{', '.join(map(repr, LAWS + REFERENCES))}")
     return out["B"], out["V"]

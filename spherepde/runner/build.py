@@ -44,11 +44,12 @@ def build_noise(spec: dict):
     return NoiseSchedule.from_config(spec)
 
 
-def build_initial_law(spec: dict):
-    """The spherepde.models.initial law described by a resolved [initial] section."""
+def build_initial_law(spec: dict, dim: int = 3):
+    """The spherepde.models.initial law described by a resolved [initial] section, on S^{dim−1}
+    (the uniform law takes dim; the others have the length of their mu / mean)."""
     kind = spec["kind"]
     if kind == "uniform":
-        return initial.Uniform()
+        return initial.Uniform(dim)
     if kind == "vmf":
         return initial.VonMisesFisher(spec["mu"], spec["kappa"])
     if kind == "mixture":

@@ -2,11 +2,15 @@
 
 A config has the sections
 
-    [model]        beta (number or "inf"), B, V (3×3 nested lists, or a random law: "gaussian" |
+    [model]        beta (number or "inf"), B, V (d×d nested lists, d = 3 on S², or a random law: "gaussian" |
                    "goe" | "wigner" | "orthogonal" | "identity", or the other matrix: "B", "-B", "V",
                    "-V"; spherepde.models.weights), weight_seed (integer ≥ 0) and weight_scale (> 0) of
                    the random laws. The resolved config holds the matrices, and `weights` records
                    the laws and seed they came from ("given" for two matrices).
+                   dimension d (integer in [2, 4096]): tokens on S^{d−1}; the size of the given
+                   matrices, else 3; random laws draw d×d. With d ≠ 3 only tokens run ([eulerian]
+                   enabled defaults to false and true is refused, quadrature particles are refused),
+                   and mu, mean and cov of [initial] have length d.
                    normalisation = "softmax" (default) | "unnormalised" (no division by the
                    partition function; finite beta only) and unnormalised_scale = "none" (default;
                    beta·‖B‖₂ ≤ 600) | "exp_beta" (the unnormalised field divided by e^{beta·‖B‖₂}).
@@ -50,7 +54,11 @@ A config has the sections
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
                    around an atom kept by the finite volumes, [0, 8])
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
-                   Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt
+                   Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt,
+                   systems (M ≥ 1: M independent draws of the tokens, seeds seed … seed + M − 1,
+                   advanced together; M > 1 runs the tokens alone), summation ("auto": one system
+                   on S² uses the summation of the Eulerian solver, everything else the batched
+                   direct sum | "batched": always the batched direct sum)
     [time]         t_end > 0, save_every in (0, t_end]
     [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
                    w2_nside (HEALPix level of the discrete OT when dim E > 1)
@@ -89,7 +97,8 @@ class ConfigError(ValueError):
 
 
 DEFAULTS = {
-    "model": {"beta": None, "B": None, "V": None, "weight_seed": 0, "weight_scale": 1.0, "weights": None,
+    "model": {"beta": None, "B": None, "V": None, "dimension": None, "weight_seed": 0, "weight_scale": 1.0,
+              "weights": None,
               "normalisation": "softmax", "unnormalised_scale": "none",
               "noise": 0.0, "noise_schedule": "constant", "noise_time": None, "noise_breakpoints": None,
               "heads": None, "layers": None},
@@ -101,7 +110,8 @@ DEFAULTS = {
                  "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.1, "tail_level": 1e-3,
                  "tail_exclusion": 3.0},
     "time": {"t_end": None, "save_every": None},
-    "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01},
+    "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
+                  "summation": "auto"},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
     "guards": {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12},
     "output": {"path": None},
@@ -118,6 +128,10 @@ BETA_RANGE = (1e-3, 1e6)
 # Largest noise ν: it makes any density uniform by t ~ 1/(2ν) = 5e-4, and the heat flow costs about
 # 4 ν dt / h² sparse products per step (spherepde.transport.diffusion), so beyond it a run only slows.
 NOISE_MAX = 1e3
+
+MAX_DIMENSION = 4096
+MAX_SYSTEMS = 4096
+MAX_STATE = 2**26  # systems × n × d: one copy of the positions is at most 512 MiB
 
 REQUIRED = [("model", "beta"), ("model", "B"), ("model", "V"), ("time", "t_end"), ("time", "save_every")]
 MAX_LAYERS = 1000
@@ -188,16 +202,18 @@ def _number(section, key, value, *, positive=False, allow_inf=False, low=None, h
 def _vector(section, key, value, length=3):
     where = f"[{section}] {key}"
     if not isinstance(value, list) or len(value) != length:
-        raise ConfigError(f"{where}: must be a list of {length} numbers, got {value!r}")
+        hint = "" if length == 3 else f" (d = {length}, [model] dimension)"
+        raise ConfigError(f"{where}: must be a list of {length} numbers{hint}, got {value!r}")
     return [_number(section, f"{key}[{i}]", v) for i, v in enumerate(value)]
 
 
-def _matrix(section, key, value):
+def _matrix(section, key, value, d=3):
     where = f"[{section}] {key}"
-    if (not isinstance(value, list) or len(value) != 3
-            or not all(isinstance(row, list) and len(row) == 3 for row in value)):
+    if (not isinstance(value, list) or len(value) != d
+            or not all(isinstance(row, list) and len(row) == d for row in value)):
         shape = _shape(value)
-        raise ConfigError(f"{where}: must be a 3×3 matrix (three rows of three numbers), got shape {shape}")
+        rows = "three rows of three numbers" if d == 3 else f"{d} rows of {d} numbers; d = [model] dimension"
+        raise ConfigError(f"{where}: must be a {d}×{d} matrix ({rows}), got shape {shape}")
     return [[_number(section, f"{key}[{i}][{j}]", v) for j, v in enumerate(row)] for i, row in enumerate(value)]
 
 
@@ -236,18 +252,18 @@ def _resolve_weights(model, given):
     """B and V as matrices (a law of spherepde.models.weights drawn with weight_seed, or the other
     matrix); model["weights"] records where they came from."""
     _weight_settings(model, given)
-    seed = model["weight_seed"]
+    seed, d = model["weight_seed"], model["dimension"]
     names = weights.LAWS + weights.REFERENCES
     for key in ("B", "V"):
         if isinstance(model[key], str):
             if model[key] not in names:
-                raise ConfigError(f"[model] {key}: must be a 3×3 matrix or one of "
+                raise ConfigError(f"[model] {key}: must be a {d}×{d} matrix or one of "
                                   f"{', '.join(map(repr, names))}, got {model[key]!r}")
         else:
-            model[key] = _matrix("model", key, model[key])
+            model[key] = _matrix("model", key, model[key], d)
     laws = {k: model[k] for k in ("B", "V") if isinstance(model[k], str)}
     try:
-        B, V = weights.resolve_weights(model["B"], model["V"], seed, model["weight_scale"])
+        B, V = weights.resolve_weights(model["B"], model["V"], seed, model["weight_scale"], dim=d)
     except ValueError as exc:
         raise ConfigError(f"[model] {exc}") from None
     model["B"], model["V"] = B.tolist(), V.tolist()
@@ -270,7 +286,7 @@ def _combined(model) -> bool:
     return model.get("heads") is not None or model.get("layers") is not None
 
 
-def _resolve_head(section, table, beta, seed, scale, key, laws):
+def _resolve_head(section, table, beta, seed, scale, key, laws, d=3):
     """One head {B, V, beta} of a combined model (spherepde.models.heads), checked as [model] is; the
     laws drawn from the stream `key`, recorded in laws."""
     for name in ("B", "V"):
@@ -282,18 +298,18 @@ def _resolve_head(section, table, beta, seed, scale, key, laws):
         value = table[name]
         if isinstance(value, str):
             if value not in names:
-                raise ConfigError(f"[{section}] {name}: must be a 3×3 matrix or one of "
+                raise ConfigError(f"[{section}] {name}: must be a {d}×{d} matrix or one of "
                                   f"{', '.join(map(repr, names))}, got {value!r}")
             given[name] = value
         else:
-            given[name] = _matrix(section, name, value)
+            given[name] = _matrix(section, name, value, d)
     beta = _beta_value(section, table["beta"]) if "beta" in table else beta
     try:
-        B, V = weights.resolve_weights(given["B"], given["V"], seed, scale, key)
+        B, V = weights.resolve_weights(given["B"], given["V"], seed, scale, key, dim=d)
         check_model(B, V, beta)
     except ValueError as exc:
         raise ConfigError(f"[{section}] {exc}") from None
-    if math.isinf(beta) and np.linalg.matrix_rank(B) < 3:
+    if math.isinf(beta) and np.linalg.matrix_rank(B) < d:
         raise ConfigError(f'[{section}] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
     drawn = [f"{name} = {given[name]}" for name in ("B", "V") if isinstance(given[name], str)]
     if drawn:
@@ -301,7 +317,7 @@ def _resolve_head(section, table, beta, seed, scale, key, laws):
     return {"B": B.tolist(), "V": V.tolist(), "beta": "inf" if math.isinf(beta) else beta}
 
 
-def _resolve_heads(section, value, beta, seed, scale, key, laws):
+def _resolve_heads(section, value, beta, seed, scale, key, laws, d=3):
     """The heads list of [model] or of a layer: [{B, V, beta}], each β explicit."""
     where = f"{section}.heads"
     if not isinstance(value, list) or not value or not all(isinstance(h, dict) for h in value):
@@ -313,11 +329,11 @@ def _resolve_heads(section, value, beta, seed, scale, key, laws):
     for h, table in enumerate(value):
         head_section = f"{where}[{h}]"
         _check_keys(head_section, table, {"B", "V", "beta"})
-        out.append(_resolve_head(head_section, table, beta, seed, scale, key + (h,), laws))
+        out.append(_resolve_head(head_section, table, beta, seed, scale, key + (h,), laws, d))
     return out
 
 
-def _resolve_layers(value, beta, seed, scale, laws):
+def _resolve_layers(value, beta, seed, scale, laws, d=3):
     """[[model.layers]] as [{start, heads: [{B, V, beta}]}] (start < t_end is checked with [time])."""
     if not isinstance(value, list) or not value or not all(isinstance(k, dict) for k in value):
         raise ConfigError("[model] layers: must be a non-empty list of tables [[model.layers]] with start "
@@ -342,13 +358,13 @@ def _resolve_layers(value, beta, seed, scale, laws):
                 if name in table:
                     raise ConfigError(f"[{section}] {name}: not with heads (give B and V in each "
                                       "[[model.layers.heads]] table)")
-            heads = _resolve_heads(section, table["heads"], layer_beta, seed, scale, (3, k, 2), laws)
+            heads = _resolve_heads(section, table["heads"], layer_beta, seed, scale, (3, k, 2), laws, d)
         else:
             head = {name: table[name] for name in ("B", "V") if name in table}
             for name in ("B", "V"):
                 if name not in table:
                     raise ConfigError(f"[{section}] {name}: required (or the layer's [[model.layers.heads]])")
-            heads = [_resolve_head(section, head, layer_beta, seed, scale, (3, k), laws)]
+            heads = [_resolve_head(section, head, layer_beta, seed, scale, (3, k), laws, d)]
         out.append({"start": start, "heads": heads})
     return out
 
@@ -366,9 +382,10 @@ def _resolve_combined(model, given):
     _weight_settings(model, given)
     seed, scale, laws = model["weight_seed"], model["weight_scale"], []
     if model["heads"] is not None:
-        model["heads"] = _resolve_heads("model", model["heads"], model["beta"], seed, scale, (2,), laws)
+        model["heads"] = _resolve_heads("model", model["heads"], model["beta"], seed, scale, (2,), laws,
+                                        model["dimension"])
     else:
-        model["layers"] = _resolve_layers(model["layers"], model["beta"], seed, scale, laws)
+        model["layers"] = _resolve_layers(model["layers"], model["beta"], seed, scale, laws, model["dimension"])
     model["weights"] = "given" if not laws else "; ".join(laws) + f" (weight_seed {seed}, weight_scale {scale:g})"
 
 
@@ -414,17 +431,18 @@ def resolve(raw: dict) -> dict:
     cfg = _with_defaults(raw)
     given = {section: raw.get(section, {}) for section in DEFAULTS}  # the keys the file sets
     noisy = _resolve_model(cfg["model"], given["model"])
-    cfg["initial"] = _resolve_initial(cfg["initial"])
+    cfg["initial"] = _resolve_initial(cfg["initial"], cfg["model"]["dimension"])
     _resolve_eulerian(cfg["eulerian"], given["eulerian"], cfg["model"], noisy, cfg["particles"])
     _resolve_time(cfg["time"], cfg["model"])
     if cfg["particles"] is not None:
-        _resolve_particles(cfg["particles"], cfg["time"])
+        _resolve_particles(cfg["particles"], cfg["time"], cfg["model"]["dimension"], cfg["eulerian"]["enabled"])
     _resolve_diagnostics(cfg["diagnostics"])
     _resolve_guards(cfg["guards"])
     _resolve_output(cfg["output"])
     # a config that resolves must build: the model and the law refuse what the checks above
     # let through (e.g. mu = [0, 0, 1e-162], whose norm underflows)
-    for section, build in (("model", build_model), ("initial", build_initial_law)):
+    builders = (("model", build_model), ("initial", lambda spec: build_initial_law(spec, cfg["model"]["dimension"])))
+    for section, build in builders:
         try:
             build(cfg[section])
         except ValueError as exc:
@@ -462,6 +480,7 @@ def _resolve_model(model, given) -> bool:
     """[model] in place: β, the matrices (or heads, layers), normalisation, noise. True when there
     is noise."""
     model["beta"] = _beta_value("model", model["beta"])
+    model["dimension"] = _dimension(model, given)
     if _combined(model):  # several heads or layers (spherepde.models.heads): each checked like [model]
         _resolve_combined(model, given)
     else:
@@ -470,7 +489,7 @@ def _resolve_model(model, given) -> bool:
             check_model(model["B"], model["V"], model["beta"])
         except ValueError as exc:
             raise ConfigError(f"[model] {exc}") from None
-        if math.isinf(model["beta"]) and np.linalg.matrix_rank(np.array(model["B"])) < 3:
+        if math.isinf(model["beta"]) and np.linalg.matrix_rank(np.array(model["B"])) < model["dimension"]:
             raise ConfigError('[model] B: beta = "inf" needs an invertible B (the field divides by |Bᵀx|)')
     _resolve_normalisation(model)
     if math.isinf(model["beta"]):
@@ -478,8 +497,40 @@ def _resolve_model(model, given) -> bool:
     return _resolve_noise(model)
 
 
+def _dimension(model, given) -> int:
+    """d of [model]: `dimension` when given, else the size of the first given matrix (B, V, of a
+    head or a layer), else 3. The matrices are checked against it afterwards."""
+    if "dimension" in given:
+        d = given["dimension"]
+        if isinstance(d, bool) or not isinstance(d, int) or not 2 <= d <= MAX_DIMENSION:
+            raise ConfigError(f"[model] dimension: must be an integer in [2, {MAX_DIMENSION}] (tokens on "
+                              f"S^(d-1)), got {d!r}")
+        return d
+    tables = [model]
+    entries = [e for key in ("heads", "layers") if isinstance(model.get(key), list) for e in model[key]]
+    for entry in entries:  # (malformed lists are refused when the heads and layers are resolved)
+        if isinstance(entry, dict):
+            tables.append(entry)
+            heads = entry.get("heads")
+            tables.extend(h for h in (heads if isinstance(heads, list) else []) if isinstance(h, dict))
+    for table in tables:
+        for name in ("B", "V"):
+            value = table.get(name)
+            if isinstance(value, list) and len(value) >= 2:
+                return len(value)
+    return 3
+
+
 def _resolve_eulerian(eul, given, model, noisy, particles):
     """[eulerian] in place (given: the keys the file sets, on which some defaults depend)."""
+    d = model["dimension"]
+    if d != 3:  # the mesh is S²: tokens alone
+        if particles is None:
+            raise ConfigError(f"[particles]: required for d = {d} ([model] dimension): off S² only tokens run")
+        if given.get("enabled") is True:
+            raise ConfigError(f"[eulerian] enabled: the Eulerian solver is on S² (d = 3), but [model] dimension "
+                              f"d = {d}: set enabled = false (the default for d != 3)")
+        eul["enabled"] = eul["enabled"] if "enabled" in given else False
     if not isinstance(eul["enabled"], bool):
         raise ConfigError(f"[eulerian] enabled: must be true or false, got {eul['enabled']!r}")
     if not eul["enabled"] and particles is None:
@@ -644,9 +695,12 @@ def _resolve_noise(model) -> bool:
     return not NoiseSchedule(model["noise"], schedule, model["noise_time"], model["noise_breakpoints"]).is_zero
 
 
-def _resolve_particles(pt, tm):
+def _resolve_particles(pt, tm, d=3, eulerian=True):
     if pt["mode"] not in ("tokens", "quadrature"):
         raise ConfigError(f'[particles] mode: must be "tokens" or "quadrature", got {pt["mode"]!r}')
+    if pt["mode"] == "quadrature" and d != 3:
+        raise ConfigError(f'[particles] mode: quadrature particles live on the HEALPix mesh of S² (d = 3), but '
+                          f'[model] dimension d = {d}: use mode = "tokens"')
     n = pt["n"]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 1_000_000:
         raise ConfigError(f"[particles] n: must be an integer in [1, 1000000], got {n!r}")
@@ -658,9 +712,23 @@ def _resolve_particles(pt, tm):
     pt["dt"] = _number("particles", "dt", pt["dt"], positive=True)
     if pt["dt"] > tm["save_every"]:
         raise ConfigError(f"[particles] dt: must be <= save_every = {tm['save_every']:g}, got {pt['dt']:g}")
+    systems = pt["systems"]
+    if isinstance(systems, bool) or not isinstance(systems, int) or not 1 <= systems <= MAX_SYSTEMS:
+        raise ConfigError(f"[particles] systems: must be an integer in [1, {MAX_SYSTEMS}], got {systems!r}")
+    if systems > 1 and pt["mode"] != "tokens":
+        raise ConfigError(f'[particles] systems: {systems} systems need mode = "tokens" (quadrature particles '
+                          "are one deterministic system)")
+    if systems > 1 and eulerian:
+        raise ConfigError(f"[particles] systems: {systems} systems run the tokens alone: set [eulerian] "
+                          "enabled = false")
+    if systems * n * d > MAX_STATE:
+        raise ConfigError(f"[particles] systems: systems × n × d = {systems} × {n} × {d} exceeds {MAX_STATE} "
+                          "(512 MiB per copy of the positions)")
+    if pt["summation"] not in ("auto", "batched"):
+        raise ConfigError(f'[particles] summation: must be "auto" or "batched", got {pt["summation"]!r}')
 
 
-def _resolve_initial(table):
+def _resolve_initial(table, d=3):
     kind = table.get("kind", "uniform")
     if not isinstance(kind, str) or kind not in INITIAL_KEYS:
         raise ConfigError(f"[initial] kind: unknown initial law {kind!r}{_did_you_mean(kind, INITIAL_KEYS)} "
@@ -668,7 +736,7 @@ def _resolve_initial(table):
     _check_keys("initial", table, INITIAL_KEYS[kind] | {"kind"})
     out = {"kind": kind}
     if kind == "vmf":
-        out.update(_vmf("initial", table))
+        out.update(_vmf("initial", table, d))
     elif kind == "mixture":
         comps = table.get("components")
         if not isinstance(comps, list) or not comps or not all(isinstance(c, dict) for c in comps):
@@ -676,7 +744,7 @@ def _resolve_initial(table):
         out["components"] = []
         for i, comp in enumerate(comps):
             _check_keys(f"initial.components[{i}]", comp, {"mu", "kappa"})
-            out["components"].append(_vmf(f"initial.components[{i}]", comp))
+            out["components"].append(_vmf(f"initial.components[{i}]", comp, d))
         weights = table.get("weights", [1.0] * len(comps))
         if not isinstance(weights, list) or len(weights) != len(comps):
             raise ConfigError(f"[initial] weights: must be a list of {len(comps)} numbers, got {weights!r}")
@@ -684,8 +752,8 @@ def _resolve_initial(table):
         if sum(out["weights"]) <= 0:
             raise ConfigError("[initial] weights: must not all be zero")
     elif kind == "projected_normal":
-        out["mean"] = _vector("initial", "mean", table.get("mean", [0.0, 0.0, 0.0]))
-        out["cov"] = _matrix("initial", "cov", table.get("cov", [[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]))
+        out["mean"] = _vector("initial", "mean", table.get("mean", [0.0] * d), d)
+        out["cov"] = _matrix("initial", "cov", table.get("cov", np.eye(d).tolist()), d)
         cov = np.array(out["cov"])
         if not np.allclose(cov, cov.T):
             raise ConfigError("[initial] cov: must be symmetric")
@@ -694,11 +762,11 @@ def _resolve_initial(table):
     return out
 
 
-def _vmf(section, table):
+def _vmf(section, table, d=3):
     for key in ("mu", "kappa"):
         if key not in table:
             raise ConfigError(f"[{section}] {key}: required for a von Mises–Fisher law")
-    mu = _vector(section, "mu", table["mu"])
+    mu = _vector(section, "mu", table["mu"], d)
     if math.hypot(*mu) == 0:
         raise ConfigError(f"[{section}] mu: must be a non-zero vector")
     return {"mu": mu, "kappa": _number(section, "kappa", table["kappa"], low=0.0, high=1e6)}
@@ -720,6 +788,8 @@ ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to 
 ADDED_KEYS[("eulerian", "atom_cut")] = "floor"  # and the choice of what a new atom's patch keeps
 ADDED_KEYS.update({("eulerian", "tails"): "finite_volume", ("eulerian", "tail_interval"): 0.1,  # tails from log f
                    ("eulerian", "tail_level"): 1e-3, ("eulerian", "tail_exclusion"): 3.0})
+ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # any d and batched systems
+                   ("particles", "summation"): "auto"})
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)

@@ -49,12 +49,13 @@ from ..analysis.diagnostics import (
     theory_curves,
     w2_binned,
 )
+from ..analysis.systems import CLUSTER_SLOTS, CLUSTER_THRESHOLD, SystemDiagnostics
 from ..geometry.mesh import HealpixMesh
 from ..models.heads import CONVENTION, theory_objects
 from ..solvers.controller import SolverState
 from ..solvers.eulerian import EulerianSolver
 from ..solvers.guards import Guards, RunFailure
-from ..solvers.particles import ParticleSolver, quadrature_particles, tokens_from_law
+from ..solvers.particles import ParticleSolver, quadrature_particles, token_systems, tokens_from_law
 from ..solvers.timeline import progress_bar, save_times, with_breaks
 from ..storage.runfile import (
     SNAPSHOT_FAILURE,
@@ -77,8 +78,13 @@ from ..storage.schema import (
     PARTICLE_META,
     PARTICLE_WEIGHTS,
     SOLVER_META,
+    SYSTEM_DIM,
     TAIL_ARRAYS,
     TAIL_META,
+    TOKEN_CLUSTER_MASS,
+    TOKEN_META,
+    component_dim,
+    particle_arrays,
 )
 from .build import build_initial_law, build_model, build_noise
 from .config import difference
@@ -190,7 +196,12 @@ def _particle_setup(config, model, law, mesh, noise):
     if not pt:
         return None
     carry = pt["mode"] == "quadrature" and noise is None
-    if pt["mode"] == "tokens":
+    systems = pt.get("systems", 1)
+    if pt["mode"] == "tokens" and systems > 1:  # system k from default_rng(seed + k)
+        x0, weights = token_systems(law, pt["n"], systems, pt["seed"])
+        log_f0 = None
+        rng_record = {"seed": pt["seed"], "systems": systems}
+    elif pt["mode"] == "tokens":
         rng = np.random.default_rng(pt["seed"])
         x0, weights = tokens_from_law(law, pt["n"], rng)
         log_f0 = None
@@ -200,7 +211,8 @@ def _particle_setup(config, model, law, mesh, noise):
         rng_record = None
         if not carry:
             log_f0 = None
-    solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"])
+    solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"],
+                            summation=pt.get("summation", "auto"))
     return _Particles(solver, x0, weights, log_f0, rng_record)
 
 
@@ -224,7 +236,7 @@ class RunSetup:
         # heads and layers (spherepde.models.heads): what E, F, Π mean, per layer
         self.theory = [theory_objects(layer) for layer in schedule.layers]
         theory0 = self.theory[0]
-        law = build_initial_law(config["initial"])
+        law = build_initial_law(config["initial"], config["model"].get("dimension", 3))
         self.eulerian = eul["enabled"]
         quadrature = pt is not None and pt["mode"] == "quadrature"
         self.mesh = HealpixMesh(eul["nside"]) if self.eulerian or quadrature else None
@@ -234,6 +246,7 @@ class RunSetup:
                       "initial_law": repr(law), "lyapunov_p": dg["p"]}
         self.attrs.update(_combined_attrs(config, schedule, self.theory))
         self._measures, self._diags, self._pdiags, self._lyapunov0 = {}, {}, {}, {}
+        self.batched = self.token_layout = False  # tokens batched / in d ≠ 3 (_particle_layout)
         if noise is not None:
             self.attrs.update({"noise": noise.level, "noise_schedule": noise.schedule, "noise_law": noise.describe()})
         self.f0 = self.solver = self.measure = self.diagnostics = self.log_f0 = None
@@ -312,14 +325,22 @@ class RunSetup:
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles
         theory0 = self.theory[0]
-        self.pdiag = MeasureDiagnostics(theory0.model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"],
-                                        has_F=theory0.has_F)
+        # tokens in d ≠ 3 or batched: per-system diagnostics with energy and clusters
+        # (spherepde.analysis.systems); one system on S² keeps the layout it always had
+        self.batched = x0.ndim == 3
+        self.token_layout = self.batched or x0.shape[-1] != 3
+        if self.token_layout:
+            self.pdiag = self._system_diagnostics(0, x0)
+            self._token_layout(x0)
+        else:
+            self.pdiag = MeasureDiagnostics(theory0.model, x0, pweights, p=dg["p"], w2_nside=dg["w2_nside"],
+                                            has_F=theory0.has_F)
+            self.variables.update(PARTICLE_META)
+            self.dims.update(particle=x0.shape[0], xyz=3)
+            self.arrays.update(PARTICLE_ARRAYS)
         self._pdiags[0] = self.pdiag
-        self.variables.update(PARTICLE_META)
         if not self.eulerian:
-            del self.variables["w2_eulerian_particles"]
-        self.dims.update(particle=x0.shape[0], xyz=3)
-        self.arrays.update(PARTICLE_ARRAYS)
+            self.variables.pop("w2_eulerian_particles", None)
         name, dims, long_name, units = PARTICLE_WEIGHTS
         self.static[name] = (dims, pweights, long_name, units)
         if log_f0 is not None:
@@ -328,12 +349,45 @@ class RunSetup:
         self.attrs.update({"particle_mode": pt["mode"], "particle_scheme": psolver.scheme,
                            "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
                            "particle_lyapunov_initial": self.pdiag.lyapunov0})
+        if self.token_layout:
+            self.attrs.update({"particle_dimension": x0.shape[-1], "particle_systems": len(self.pdiag.systems),
+                               "particle_summation": "batched direct sum (spherepde.summation.batched)",
+                               "cluster_rule": f"connected components of <x_i, x_j> >= {CLUSTER_THRESHOLD} "
+                                               f"(the {CLUSTER_SLOTS} largest masses recorded)"})
         if self.noise is not None:
             # its random streams come from [particles] seed, in the config attribute
             self.attrs["particle_noise_scheme"] = ("geodesic random walk after each drift step (weak order 1), "
                                                    "streams from [particles] seed")
         if rng_record is not None:
             self.attrs["particle_rng"] = rng_record
+
+    def _system_diagnostics(self, k, x):
+        """The per-system diagnostics of layer k relative to the positions x ((n, d) or (M, n, d))
+        at its start; the energy is that of the layer's head when it has one."""
+        dg, th = self.config["diagnostics"], self.theory[k]
+        layer = self.schedule.layers[k]
+        energy_model = layer.heads[0] if layer.count == 1 else None
+        xs = x if x.ndim == 3 else x[None]
+        return SystemDiagnostics(th.model, th.has_F, energy_model, xs, self.particles.weights, p=dg["p"],
+                                 w2_nside=dg["w2_nside"])
+
+    def _token_layout(self, x0):
+        """Variables, dimensions and arrays of tokens in d ≠ 3 or batched: a system dimension (batched
+        only), the coordinates as xyz (d = 3) or component, the diagnostics per system."""
+        d = x0.shape[-1]
+        self.dims.update(particle=x0.shape[-2], **{component_dim(d): d}, cluster=CLUSTER_SLOTS)
+        self.arrays.update(particle_arrays(d, self.batched))
+        meta = {**{k: v for k, v in PARTICLE_META.items() if k.removeprefix("particle_") in DIAGNOSTIC_META},
+                **TOKEN_META}
+        name, long_name, units = TOKEN_CLUSTER_MASS
+        if self.batched:
+            self.dims[SYSTEM_DIM] = x0.shape[0]
+            self.arrays.update({k: ((SYSTEM_DIM,), f"per system: {ln}", u) for k, (ln, u) in meta.items()})
+            self.arrays[name] = ((SYSTEM_DIM, "cluster"), long_name, units)
+        else:
+            self.variables.update(meta)
+            self.arrays[name] = (("cluster",), long_name, units)
+        self.variables["particle_field_evaluations"] = PARTICLE_META["particle_field_evaluations"]
 
     def writer(self, path, n_snapshots):
         rewritten = tuple(self.paper_curves([0.0], 0.0)) if self.eulerian else ()
@@ -376,6 +430,9 @@ class RunSetup:
 
     def enter_particle_layer(self, k, x):
         """The particles' diagnostics of layer k relative to their positions x at its start."""
+        if self.token_layout:
+            self._pdiags[k] = self._system_diagnostics(k, x)
+            return
         dg, th = self.config["diagnostics"], self.theory[k]
         self._pdiags[k] = MeasureDiagnostics(th.model, x, self.particles.weights, p=dg["p"],
                                              w2_nside=dg["w2_nside"], has_F=th.has_F)
@@ -423,7 +480,15 @@ class RunSetup:
             x, log_f = particle_state
             if k not in self._pdiags:  # the layer's first snapshot, at its start (run_times)
                 self.enter_particle_layer(k, x)
-            values.update({f"particle_{n}": v for n, v in self._pdiags[k](x, pweights).items()})
+            if self.token_layout:
+                per_system = self._pdiags[k](x if self.batched else x[None])
+                if self.batched:
+                    arrays.update(per_system)
+                else:
+                    arrays[TOKEN_CLUSTER_MASS[0]] = per_system.pop(TOKEN_CLUSTER_MASS[0])[0]
+                    values.update({n: float(v[0]) for n, v in per_system.items()})
+            else:
+                values.update({f"particle_{n}": v for n, v in self._pdiags[k](x, pweights).items()})
             if self.eulerian:
                 values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
                                                             nside=self.config["diagnostics"]["w2_nside"])
@@ -556,8 +621,9 @@ def _advance(setup, writer, times, records, start, bar, snapshot_log):
         if bar is not None:
             bar.update(t - bar.n)
         if snapshot_log is not None:
+            alignment = values.get("particle_alignment_E", np.mean(arrays.get("particle_alignment_E", math.nan)))
             what = (f"min f = {rec['min_density']:.4e}, alignment E = {values['alignment_E']:.4f}" if rec is not None
-                    else f"particles' alignment E = {values['particle_alignment_E']:.4f}")
+                    else f"particles' alignment E = {alignment:.4f}")
             print(f"snapshot {index} t = {t:.6g} written: {what}", file=snapshot_log, flush=True)
 
 
@@ -575,7 +641,8 @@ def _record_failure(setup, writer, failure, records, wall):
 
 def _summary(path, times, records, wall, particles):
     summary = {"path": str(path), "t_end": times[-1], "snapshots": len(records), "wall_seconds": wall,
-               "particles": particles.x0.shape[0] if particles else 0}
+               "particles": particles.x0.shape[-2] if particles else 0,
+               "systems": particles.x0.shape[0] if particles and particles.x0.ndim == 3 else 1}
     if "mass" in records[-1]:  # the Eulerian solver ran
         mass = np.array([r["mass"] for r in records])
         summary.update({"steps": int(records[-1]["steps"]), "rejected_steps": int(records[-1]["steps_rejected"]),

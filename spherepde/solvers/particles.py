@@ -39,6 +39,20 @@ the uninterrupted run drew, and the noise is independent of the stream that samp
 (SeedSequence(seed), no spawn key).
 Carried densities do not survive noise (along a noisy path d log f/dt ≠ −div v): carry_density
 with noise is refused; quadrature particles with noise are weighted Brownian particles.
+
+Any dimension and batched systems. Tokens live on S^{d−1} for any d ≥ 2, d the size of the
+model's B and V: positions (n, d). Positions (M, n, d) are M independent systems advanced together
+(each token attends to the tokens of its own system; the weights (n,) are shared). Both use the
+batched direct sum spherepde.summation.batched (one kernel call per head and field evaluation over
+all systems, streaming log-sum-exp, exact to rounding, O(n²) per system), and its hardmax at
+β = ∞; the local β = ∞ limit (hardmax=False) is P_x(Mx)/|Bᵀx| in any d. Everything else
+generalises as written: P_x = I − xxᵀ in R^d, the normalised Euler and RK4 steps, and the
+geodesic noise step with ξ ~ N(0, I_d) (then E[x_{n+1} | x_n] = m_d(s)x_n with another factor
+m_d for d ≠ 3; noise_mean_factor is that of S²). System k of a batch draws its noise from the
+streams of seed + k, so it repeats the single run with seed + k. A single system on S² (n, 3)
+keeps the summation of spherepde.summation.attention_field (clustered sums, trees, harmonic
+expansions; summation="auto"); summation="batched" sends it through the batched sum too.
+Carried densities (quadrature particles) exist on S² for one system only.
 """
 
 from __future__ import annotations
@@ -52,15 +66,18 @@ from numba import njit, prange
 from ..models.checks import check_model
 from ..models.schedule import schedule_of
 from ..storage.memory import memory_dataset
-from ..storage.schema import CARRIED_ARRAYS, PARTICLE_ARRAYS, PARTICLE_WEIGHTS
+from ..storage.schema import CARRIED_ARRAYS, PARTICLE_WEIGHTS, particle_arrays
 from ..summation import attention_field, project_velocity, zero_temperature_field
+from ..summation.batched import batched_hardmax, batched_softmax, log2_masses, source_rows
 from .guards import Guards
 from .timeline import save_times, segments
 
 __all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES",
-           "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM"]
+           "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM", "SUMMATIONS", "token_systems",
+           "local_limit_field"]
 
 SCHEMES = ("euler", "rk4")
+SUMMATIONS = ("auto", "batched")
 NOISE_STREAM = 0x6E6F6973  # first spawn-key word of the noise streams ("nois")
 
 
@@ -87,12 +104,19 @@ def hardmax_field(targets, BT, sources, weights, V, velocity):
 
 
 def _normalise(x):
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def local_limit_field(x, B, M):
+    """The local β = ∞ field P_x(Mx)/|Bᵀx| in any d, x (..., d) (M = VBᵀ)."""
+    mx = x @ M.T
+    v = mx - np.sum(x * mx, axis=-1, keepdims=True) * x
+    return v / np.linalg.norm(x @ B, axis=-1, keepdims=True)
 
 
 def geodesic_noise_step(x, s, xi):
-    """The geodesic random walk step of the module docstring: exp_x(s P_x ξ) for positions x (n, 3)
-    and standard normal ξ (n, 3); s ≥ 0 the step scale √(2∫ν). Returns new unit vectors."""
+    """The geodesic random walk step of the module docstring: exp_x(s P_x ξ) for positions x (n, d)
+    and standard normal ξ (n, d); s ≥ 0 the step scale √(2∫ν). Returns new unit vectors."""
     eta = xi - np.einsum("nd,nd->n", xi, x)[:, None] * x
     r = np.linalg.norm(eta, axis=1)
     safe = np.where(r > 0, r, 1.0)
@@ -118,6 +142,15 @@ def tokens_from_law(law, n, seed=None):
     return x, np.full(int(n), 1.0 / n)
 
 
+def token_systems(law, n, systems, seed):
+    """M = systems independent draws of n tokens, (M, n, d): system k sampled from
+    default_rng(seed + k), so that it equals tokens_from_law(law, n, seed + k); weights 1/n."""
+    if isinstance(systems, bool) or not isinstance(systems, (int, np.integer)) or systems < 1:
+        raise ValueError(f"systems must be a positive integer, got {systems!r}")
+    x = np.stack([tokens_from_law(law, n, seed + k)[0] for k in range(int(systems))])
+    return x, np.full(int(n), 1.0 / n)
+
+
 def quadrature_particles(mesh, law):
     """One particle per cell at its centroid: weight = cell mass f̄₀·A (cell average, so the total
     is exactly 1) and log-density log f₀(centroid) (the point value the particle carries)."""
@@ -136,13 +169,19 @@ class ParticleSolver:
     use the token hardmax rule (True) or the local mean-field limit (False, required with
     carry_density), for every head at β = ∞.
     noise: None or a spherepde.models.noise.NoiseSchedule; seed (integer ≥ 0) of its random streams
-    (module docstring). Noise refuses carry_density.
+    (module docstring; system k of a batch uses seed + k). Noise refuses carry_density.
+    summation: "auto" (one system on S²: spherepde.summation.attention_field; otherwise the
+    batched direct sum) or "batched" (always the batched direct sum).
+    Positions are (n, d) for one system or (M, n, d) for M systems (module docstring).
     """
 
     def __init__(self, model, scheme: str = "rk4", dt: float = 0.01, carry_density: bool = False,
-                 hardmax: bool | None = None, noise=None, seed: int = 0):
+                 hardmax: bool | None = None, noise=None, seed: int = 0, summation: str = "auto"):
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        if summation not in SUMMATIONS:
+            raise ValueError(f"summation must be one of {SUMMATIONS}, got {summation!r}")
+        self.summation = summation
         if not (math.isfinite(dt) and dt > 0):
             raise ValueError(f"dt must be a positive number, got {dt!r}")
         self.model = model
@@ -168,6 +207,7 @@ class ParticleSolver:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.seed = int(seed)
+        self._masses = None  # (weights, λ, ln max μ) of the batched sum
         self._key = None
         self._use(0.0)
 
@@ -178,10 +218,18 @@ class ParticleSolver:
             self._key, self._heads = key, self.schedule.model_at(t).heads
 
     # ------------------------------------------------------------------ the field
+    def batched_for(self, x) -> bool:
+        """Whether positions of this shape go through the batched direct sum (module docstring)."""
+        x = np.asarray(x)
+        return x.ndim == 3 or x.shape[-1] != 3 or self.summation == "batched"
+
     def field(self, x, weights):
-        """(v (n, 3), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}
-        (the sum over the heads of the current model)."""
+        """(v (n, d), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}
+        (the sum over the heads of the current model); (M, n, d) positions: each system's own
+        field, divergence None."""
         self.evaluations += 1
+        if self.batched_for(x):
+            return self._batched_field(x, weights), None
         velocity = divergence = None
         for m in self._heads:
             v, div = self._head_field(m, x, weights)
@@ -205,6 +253,33 @@ class ParticleSolver:
             return v, (div if self.carry_density else None)
         v, div, _ = attention_field(m, x, weights, x, want_div=self.carry_density, may_cluster=True)
         return v, div
+
+    def _batched_field(self, x, weights):
+        """The field of every system by the batched direct sum (spherepde.summation.batched);
+        positions (n, d) are one system."""
+        single = x.ndim == 2
+        xs = np.ascontiguousarray(x[None] if single else x, dtype=float)
+        if self._masses is None or self._masses[0] is not weights:
+            self._masses = (weights, *log2_masses(weights))
+        _, lam, ln_top = self._masses
+        soa = source_rows(xs)
+        velocity = np.zeros(xs.shape)
+        v = np.empty(xs.shape)
+        for m in self._heads:
+            if m.dim != xs.shape[-1]:
+                raise ValueError(f"positions in R^{xs.shape[-1]} but the model's matrices are {m.dim}×{m.dim}")
+            BT = np.ascontiguousarray(m.B.T)
+            if m.zero_temperature and self.hardmax:
+                batched_hardmax(xs, soa, lam, BT, m.V, v)
+            elif m.zero_temperature:
+                v = local_limit_field(xs, m.B, m.M)
+            else:
+                logz = np.empty(xs.shape[:2]) if m.unnormalised else np.empty((0, 0))
+                batched_softmax(xs, soa, lam, BT, float(m.beta), m.V, v, logz, ln_top)
+                if m.unnormalised:  # v = P_x(V Z m_β)·e^{−c} (spherepde.models.attention)
+                    v *= np.exp(logz - m.log_field_scale)[..., None]
+            velocity += v
+        return velocity[0] if single else velocity
 
     # ------------------------------------------------------------------ steps
     def step(self, x, log_f, weights, dt):
@@ -234,9 +309,17 @@ class ParticleSolver:
         amount = self.noise.integral(t0, t1)
         if amount == 0.0:
             return x
-        stream = np.random.SeedSequence(self.seed, spawn_key=(NOISE_STREAM, int(k), int(j)))
-        xi = np.random.Generator(np.random.PCG64(stream)).standard_normal(x.shape)
-        return geodesic_noise_step(x, math.sqrt(2.0 * amount), xi)
+        s = math.sqrt(2.0 * amount)
+        if x.ndim == 3:  # system q draws from the streams of seed + q (module docstring)
+            return np.stack([geodesic_noise_step(x[q], s, self._noise_draw(self.seed + q, k, j, x.shape[1:]))
+                             for q in range(x.shape[0])])
+        return geodesic_noise_step(x, s, self._noise_draw(self.seed, k, j, x.shape))
+
+    @staticmethod
+    def _noise_draw(seed, k, j, shape):
+        """ξ ~ N(0, I) of step j toward snapshot k from the stream of seed."""
+        stream = np.random.SeedSequence(seed, spawn_key=(NOISE_STREAM, int(k), int(j)))
+        return np.random.Generator(np.random.PCG64(stream)).standard_normal(shape)
 
     def snapshots(self, x0, weights, times, log_f0=None, resume_from: int | None = None):
         """Yield (k, t, x, log_f) at each of the increasing times (times[0] is the start).
@@ -249,8 +332,13 @@ class ParticleSolver:
         if resume_from is None:
             x = _normalise(x)
         w = np.asarray(weights, dtype=float)
-        if x.ndim != 2 or x.shape[1] != 3 or w.shape != (x.shape[0],):
-            raise ValueError("positions must be (n, 3) and weights (n,)")
+        if x.ndim not in (2, 3) or x.shape[-1] < 2 or w.shape != (x.shape[-2],):
+            raise ValueError("positions must be (n, d) or (M, n, d), d >= 2, and weights (n,)")
+        dim = self.schedule.dim
+        if dim is not None and x.shape[-1] != dim:
+            raise ValueError(f"positions in R^{x.shape[-1]} but the model's matrices are {dim}×{dim}")
+        if self.carry_density and self.batched_for(x):
+            raise ValueError("carried densities need one system on S² (positions (n, 3)) and summation 'auto'")
         if not (np.all(np.isfinite(x)) and np.all(np.isfinite(w)) and np.all(w >= 0) and w.sum() > 0):
             raise ValueError("positions and weights must be finite, weights >= 0 and not all zero")
         if self.carry_density and log_f0 is None:
@@ -278,7 +366,8 @@ class ParticleSolver:
 
     def run(self, x0, weights, t_end: float, save_every: float, log_f0=None) -> xr.Dataset:
         """Integrate to t_end; a Dataset laid out as a run file's particles (spherepde.storage.memory):
-        positions(time, particle, xyz), particle_weights(particle) and, if carried,
+        positions(time, [system,] particle, xyz) (component instead of xyz for d ≠ 3; system for
+        (M, n, d) positions), particle_weights(particle) and, if carried,
         particle_density(time, particle) = exp(log f)."""
         times = save_times(t_end, save_every)
         positions, densities = [], []
@@ -286,8 +375,10 @@ class ParticleSolver:
             positions.append(x.copy())
             if log_f is not None:
                 densities.append(np.exp(log_f))
+        x_shape = np.shape(x0)
         arrays = {name: (dims, np.array(positions), long_name, units)
-                  for name, (dims, long_name, units) in PARTICLE_ARRAYS.items()}
+                  for name, (dims, long_name, units) in
+                  particle_arrays(x_shape[-1], len(x_shape) == 3).items()}
         if densities:
             dims, long_name, units = CARRIED_ARRAYS["particle_density"]
             arrays["particle_density"] = (dims, np.array(densities), long_name, units)

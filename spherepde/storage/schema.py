@@ -15,7 +15,9 @@ import numpy as np
 
 __all__ = ["CELL_DIM", "OLD_CELL_DIM", "CELL_INDEX_ATTRS", "TIME_ATTRS", "DENSITY_ATTRS", "int_attr", "attr_value",
            "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "ATOM_DIAGNOSTICS",
-           "TAIL_META", "TAIL_ARRAYS", "DIAGNOSTIC_META", "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS", "CARRIED_ARRAYS", "PARTICLE_WEIGHTS"]
+           "TAIL_META", "TAIL_ARRAYS", "DIAGNOSTIC_META", "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS",
+           "CARRIED_ARRAYS", "PARTICLE_WEIGHTS", "component_dim", "particle_arrays", "TOKEN_META", "TOKEN_CLUSTER_MASS",
+           "SYSTEM_DIM", "CLUSTER_DIM"]
 
 # ---------------------------------------------------------------------- the grid and time
 CELL_DIM = "cell"  # what uxarray (from_healpix's face_dim), easygems and CDO's own output use
@@ -156,6 +158,33 @@ CARRIED_META = {
 }
 # per-snapshot arrays of the particles: name → (dims without time, long_name, units)
 PARTICLE_ARRAYS = {"positions": (("particle", "xyz"), "particle positions on the unit sphere", "1")}
+SYSTEM_DIM = "system"  # batched token systems ([particles] systems > 1)
+CLUSTER_DIM = "cluster"  # slots of the largest clusters
+
+
+def component_dim(d: int) -> str:
+    """The dimension of a position's coordinates: xyz on S² (the layout readers know), component
+    for tokens on S^{d−1}, d ≠ 3."""
+    return "xyz" if d == 3 else "component"
+
+
+def particle_arrays(d: int = 3, systems: bool = False) -> dict:
+    """The positions array: (particle, xyz) on S² for one system (PARTICLE_ARRAYS, unchanged),
+    (particle, component) for d ≠ 3, with a leading system dimension for batched systems."""
+    if d == 3 and not systems:
+        return dict(PARTICLE_ARRAYS)
+    dims = ((SYSTEM_DIM,) if systems else ()) + ("particle", component_dim(d))
+    return {"positions": (dims, f"particle positions on the unit sphere S^{d - 1} in R^{d}", "1")}
+
+
+# per-snapshot diagnostics of tokens in any d or batched (files of one system on S² keep the
+# layout above without them): name → (long_name, units)
+TOKEN_META = {
+    "particle_energy": ("(1/β) ln ∬ e^{β⟨x, By⟩} dρ(x) dρ(y): the interaction energy ½β⁻¹∬e^{β⟨x,By⟩}dρdρ "
+                        "on a log scale (one head at finite β; NaN otherwise)", "1"),
+    "particle_cluster_count": ("number of clusters: connected components of the graph ⟨x_i, x_j⟩ ≥ 0.999", "1"),
+}
+TOKEN_CLUSTER_MASS = ("particle_cluster_mass", "masses of the largest clusters, decreasing (0: no such cluster)", "1")
 CARRIED_ARRAYS = {
     "particle_density": (("particle",), "density carried along the characteristic", "sr-1"),
     # the state itself: exp and log do not round-trip exactly

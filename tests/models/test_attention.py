@@ -58,8 +58,12 @@ def test_bad_beta(beta):
 
 
 def test_bad_matrices():
-    with pytest.raises(ValueError, match="B must be a real 3×3"):
+    with pytest.raises(ValueError, match="V must have the shape of B"):  # d×d for any d ≥ 2, one d
         AttentionModel(np.eye(2), np.eye(3), 1)
+    with pytest.raises(ValueError, match="B must be a real square matrix"):
+        AttentionModel(np.ones((2, 3)), np.eye(3), 1)
+    with pytest.raises(ValueError, match="B must be a real square matrix"):
+        AttentionModel(np.eye(1), np.eye(1), 1)
     with pytest.raises(ValueError, match="V has non-finite"):
         AttentionModel(np.eye(3), np.diag([1, np.inf, 1]), 1)
     with pytest.raises(ValueError, match="invertible B"):
