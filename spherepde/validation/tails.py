@@ -20,7 +20,7 @@ g(x, t + Δt) = g(X, t) − ∫ div_S v along the path from the departure point 
 tangent plane over the cell holding X and its 8 neighbours, the exact β = ∞ paths). A prototype
 in NumPy, measured here against the same exact solution, point values against point values.
 
-    python -m spherepde.validation.tails [--nside 16 32 64] [--schemes muscl log_muscl] [--out DIR]
+    python -m spherepde.validation.tails [--nside 16 32 64] [--schemes muscl log_muscl ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def tail_errors(mesh, f_mesh, f_exact, level=TAIL_LEVEL) -> dict:
 
 def zero_temperature_run(nside, scheme="muscl", times=TIMES, atoms=True, **options):
     """{t: tail_errors} of the Eulerian solver at β = ∞ from the uniform law (module docstring),
-    and the wall time. atoms: the solver's default atoms, or none."""
+    and the wall time. atoms: the solver's default atoms, or none; options: EulerianSolver's
+    (tails={}: the tails from log f, spherepde.solvers.tails)."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, math.inf)
     law = Uniform()
@@ -170,7 +171,12 @@ def _orders(results, nsides, schemes, times, key):
     return lines
 
 
-def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_muscl"), progress=True):
+# the states compared: name → EulerianSolver options (atoms on in all)
+STATES = {"muscl": {"scheme": "muscl"}, "log_muscl": {"scheme": "log_muscl"},
+          "muscl + tails from log f": {"scheme": "muscl", "tails": {}}}
+
+
+def run_suite(out, quick=False, slow=False, nsides=None, schemes=tuple(STATES), progress=True):
     """Write OUT/tails.md: the β = ∞ tail errors of each scheme on each mesh, with orders."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,7 +186,7 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_
     results = {}
     for s in schemes:
         for n in nsides:
-            results[(s, n)] = zero_temperature_run(n, s, times)
+            results[(s, n)] = zero_temperature_run(n, times=times, **STATES[s])
             say(f"  tails: {s}, nside {n}: {results[(s, n)][1]:.0f} s")
     e = lambda x: f"{x:.2g}"  # noqa: E731
     lines = ["# Tails of the density relative to f (β = ∞, exact solution)", "",
@@ -202,8 +208,9 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=("muscl", "log_
     lines += ["", "## The candidate: semi-Lagrangian transport of log f (point values at the centroids)", "",
               "Point values of f at the cell centroids against the exact point values, over the tail (exact "
               f"f below {TAIL_LEVEL:g} of the largest), spherepde.transport.semi_lagrangian in the exact β = ∞ "
-              "field. Not yet in the solver: it carries no mass and no atoms; cell averages, the velocity "
-              "of the state itself and the coupling to the conservative scheme are still to be built. Median:", "",
+              "field, alone: no mass, no atoms. In the solver it is the column \"muscl + tails from log f\" "
+              "above ([eulerian] tails = \"log\", spherepde.solvers.tails: the tail cells of the finite volumes "
+              "taken from g every 0.1, cell averages of e^g). Median:", "",
               *_table(sl_results, nsides, labels, times, "median", e), "", "90th percentile:", "",
               *_table(sl_results, nsides, labels, times, "p90", e), "", "Observed order of the 90th percentile:", "",
               *_orders(sl_results, nsides, labels, times, "p90"), "", "min f_h / min f:", "",
@@ -391,15 +398,103 @@ def coupling_report(out, nsides, say=print):
     return path
 
 
+# ---------------------------------------------------------------------- the tails in the solver
+HYBRID_VARIANTS = {
+    "finite volumes + atoms": None,
+    "tails from log f": {},
+    "tails from log f, the prototype's coupling": {"reset": "bulk", "limited": True, "criterion": "fv"},
+}
+
+
+def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None):
+    """The paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
+    (velocity_tolerance 1e-3, atoms), with the tails of spherepde.solvers.tails (options, or None:
+    the finite volumes alone): per save time t, alignment with E and F, the largest background
+    share at an atom, x₂ of the heaviest atom, min f, the tail cells; and the wall time."""
+    mesh = HealpixMesh(nside)
+    model = AttentionModel(PAPER_B, PAPER_V, beta)
+    solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={}, tails=tails)
+    times = [round(k * save_every, 12) for k in range(int(round(t_end / save_every)) + 1)]
+    start, rows = time.perf_counter(), []
+    log_f0 = np.log(PROJECTED_NORMAL.density(mesh.centroids))
+    for k, t, f, rec in solver.snapshots(PROJECTED_NORMAL.cell_averages(mesh), times, log_f0=log_f0):
+        x, m = solver.atoms.points()
+        points, weights = mesh_sources(mesh, f, x, m)
+        rows.append({"t": t, "E": alignment(points, weights, model.E.basis),
+                     "F": alignment(points, weights, model.F.basis), "share": rec["background_share_max"],
+                     "x2": float(abs(x[np.argmax(m)][1])) if len(m) else math.nan, "min_f": float(f.min()),
+                     "tail_cells": rec.get("tail_cells", 0)})
+        if say is not None and k % int(round(2.0 / save_every)) == 0:
+            say(f"    nside {nside}, {tails}: t = {t:g}, E {rows[-1]['E']:.3f}, F {rows[-1]['F']:.3f}, "
+                f"{time.perf_counter() - start:.0f} s")
+    return {"rows": rows, "wall": time.perf_counter() - start}
+
+
+def _summary_of(rows):
+    ds = xr.Dataset({"alignment_E": ("time", [r["E"] for r in rows]), "alignment_F": ("time", [r["F"] for r in rows])},
+                    coords={"time": [r["t"] for r in rows]})
+    e_max, t_max = max_alignment(ds)
+    f = np.array([r["F"] for r in rows])
+    x2 = np.array([r["x2"] for r in rows])
+    half = np.flatnonzero(x2 >= 0.5)
+    return {"onset": f_phase_onset(ds), "e_max": e_max, "t_max": t_max, "f_max": float(f.max()),
+            "t_f_max": rows[int(f.argmax())]["t"], "t_x2_half": rows[half[0]]["t"] if half.size else math.nan,
+            "E_end": rows[-1]["E"], "F_end": rows[-1]["F"]}
+
+
+def hybrid_report(out, nsides, beta=30.0, cache=None, say=print):
+    """OUT/hybrid.md: the paper's question at β with the tails in the solver, per mesh and variant
+    (HYBRID_VARIANTS): F-onset, max alignment with E, max alignment with F and its time, the time
+    the heaviest atom reaches |x₂| = ½ (the companion metric), the alignments at t = 20, and the
+    wall time. Every run is kept as JSON in `cache` (default OUT/hybrid_runs) and reused, so an
+    interrupted study continues where it stopped."""
+    import json
+
+    out = Path(out)
+    cache = Path(cache) if cache is not None else out / "hybrid_runs"
+    cache.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for n in nsides:
+        for name, options in HYBRID_VARIANTS.items():
+            key = cache / f"beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}.json"
+            if key.exists():
+                result = json.loads(key.read_text())
+            else:
+                result = hybrid_series(n, beta, options, say=say)
+                key.write_text(json.dumps(result))
+            s = _summary_of(result["rows"])
+            fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
+            lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
+                         f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
+                         f"{s['E_end']:.3f} / {s['F_end']:.3f} | {result['wall']:.0f} |")
+    path = out / "hybrid.md"
+    path.write_text(
+        f"# The paper's question at β = {beta:g} with the tails in the solver\n\n"
+        f"`python -m spherepde.validation.tails --hybrid --nside {' '.join(map(str, nsides))}` "
+        f"({time.strftime('%Y-%m-%d')}; runs kept in `{cache.name}/` and reused). The paper's matrices, the "
+        "projected-normal law of `solvers/paper_beta.toml`, velocity_tolerance 1e-3, atoms, save every 0.1, "
+        "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` (spherepde.solvers.tails: "
+        "g never reset outside the atoms' neighbourhoods, unlimited interpolant, a cell is in the tail when "
+        "min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f); the prototype's coupling (g reset to log f in "
+        "the bulk, limited interpolant, the tail from f alone). x₂: of the heaviest atom (F = span e₂).\n\n"
+        "| nside | state | F-onset | max alignment with E | max alignment with F | t at \\|x₂\\| = ½ | "
+        "E / F at t = 20 | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    return path
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
-    parser.add_argument("--schemes", nargs="+", default=["muscl", "log_muscl"])
+    parser.add_argument("--schemes", nargs="+", default=list(STATES), choices=list(STATES))
     parser.add_argument("--out", default=str(REPO / "validation" / "reports" / "tails"))
+    parser.add_argument("--hybrid", action="store_true",
+                        help="instead: the paper's question at beta = 30 with the tails in the solver (hybrid.md)")
     parser.add_argument("--coupling", action="store_true",
                         help="instead: the F-onset at beta = 30 of the coupled tails and the log-density state (coupling.md)")
     args = parser.parse_args()
-    if args.coupling:
+    if args.hybrid:
+        print(hybrid_report(args.out, args.nside))
+    elif args.coupling:
         print(coupling_report(args.out, args.nside))
     else:
         print(run_suite(args.out, nsides=args.nside, schemes=args.schemes))
