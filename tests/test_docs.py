@@ -1,0 +1,49 @@
+"""The docs site (mkdocs.yml, docs/) builds without a single warning: `mkdocs build --strict`,
+which fails on a broken link between pages, a missing anchor, a page left out of the nav, and
+on any warning of mkdocstrings (an API object that does not exist, a docstring it cannot parse).
+mkdocs and mkdocstrings come with the [test] extra (and the [docs] extra)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site built into a temporary folder: (folder, the build's log)."""
+    out = tmp_path_factory.mktemp("site")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return out, done
+
+
+def test_site_builds_strict_without_warnings(site):
+    out, done = site
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-4000:]
+    assert "WARNING" not in log, log[-4000:]
+    assert (out / "index.html").is_file()
+
+
+def test_every_docs_page_is_in_the_site(site):
+    out, _ = site
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        built = out / "index.html" if page.stem == "index" else out / page.stem / "index.html"
+        assert built.is_file(), f"{page.name} was not built"
+
+
+@pytest.mark.parametrize("name", ["spherepde.runner.config.resolve", "spherepde.runner.run.execute",
+                                  "spherepde.storage.runfile.open_run", "spherepde.runner.sweep.run_sweep",
+                                  "spherepde.analysis.diagnostics.MeasureDiagnostics",
+                                  "spherepde.analysis.metrics.f_phase_onset",
+                                  "spherepde.solvers.eulerian.EulerianSolver",
+                                  "spherepde.solvers.particles.ParticleSolver"])
+def test_api_page_documents_the_public_api(site, name):
+    """mkdocstrings rendered the object (its heading's anchor is on the page)."""
+    out, _ = site
+    html = (out / "api" / "index.html").read_text()
+    assert f'id="{name}"' in html, f"{name} is missing from the API page"
