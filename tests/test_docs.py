@@ -3,6 +3,7 @@ which fails on a broken link between pages, a missing anchor, a page left out of
 on any warning of mkdocstrings (an API object that does not exist, a docstring it cannot parse).
 mkdocs and mkdocstrings come with the [test] extra (and the [docs] extra)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,44 @@ def test_api_page_documents_the_public_api(site, name):
     out, _ = site
     html = (out / "api" / "index.html").read_text()
     assert f'id="{name}"' in html, f"{name} is missing from the API page"
+
+
+NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"
+
+
+def notebook_code_cells(path):
+    """The source of the notebook's code cells, in order (nbformat 4 JSON, read with the standard
+    library)."""
+    notebook = json.loads(Path(path).read_text())
+    assert notebook["nbformat"] == 4
+    return ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+
+
+def test_tutorial_is_committed_without_outputs():
+    notebook = json.loads(NOTEBOOK.read_text())
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [] and cell["execution_count"] is None, "clear the notebook's outputs"
+
+
+def test_tutorial_notebook_runs(tmp_path, monkeypatch):
+    """Runs docs/tutorial.ipynb as Jupyter would, without Jupyter: its code cells are executed in
+    order in one namespace with exec, matplotlib on the Agg backend, in an empty temporary
+    working directory (the notebook writes everything it needs there). The notebook's own
+    asserts (mass conservation, the density above its lower bounds, the F-onset later at larger
+    β) are part of this test; afterwards the run file must be complete and the sweep combined."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__main__"}
+    for k, source in enumerate(notebook_code_cells(NOTEBOOK)):
+        try:
+            exec(compile(source, f"tutorial.ipynb, code cell {k + 1}", "exec"), namespace)
+        finally:
+            plt.close("all")
+    assert int(namespace["ds"].attrs["complete"]) == 1
+    assert namespace["sweep"].sizes["run"] == 3
+    assert (tmp_path / "tutorial_output" / "beta" / "beta.nc").is_file()
