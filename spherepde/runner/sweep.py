@@ -17,10 +17,10 @@ whole table, and each of its values carries a `label` (removed before the config
 that names the case. Every expanded config is resolved (spherepde.runner.config.resolve) before anything
 runs; any problem raises SweepError, one line naming the sweep key and value.
 
-Each run writes OUT/<run id>.nc with spherepde.runner.run.execute, one task and one file per run (HDF5
+Each run writes `OUT/<run id>.nc` with spherepde.runner.run.execute, one task and one file per run (HDF5
 is not thread-safe). A complete file whose stored config equals the run's is skipped, an
 incomplete one is continued (execute(..., resume=True)), one with another config is refused
-unless overwrite. The runs' per-snapshot diagnostics are then combined into OUT/<name>.nc.
+unless overwrite. The runs' per-snapshot diagnostics are then combined into `OUT/<name>.nc`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SweepFailure(RuntimeError):
 
 class RunSpec(NamedTuple):
     """One run of a sweep: its id, its place in the expansion, the swept values (the label for a
-    whole-table key) and the resolved run config ([output] path = OUT/<run id>.nc)."""
+    whole-table key) and the resolved run config ([output] path = `OUT/<run id>.nc`)."""
 
     run_id: str
     index: int
@@ -215,11 +215,11 @@ def expand(path, out_dir=None) -> list[RunSpec]:
 
     Args:
         path: the sweep file (TOML: [sweep] name, base, seed, [sweep.grid]; module docstring).
-        out_dir: where the run files go (default results/<name>/).
+        out_dir: where the run files go (default `results/<name>/`).
 
     Returns:
         One RunSpec per run: its id `<name>-<index:04d>`, the swept values, and its resolved
-        config, whose [output] path is out_dir/<run id>.nc (`spec.path`). Nothing is run or
+        config, whose [output] path is `out_dir/<run id>.nc` (`spec.path`). Nothing is run or
         written: `spherepde.runner.run.execute(spec.config, spec.path)` runs one.
 
     Raises:
@@ -526,7 +526,7 @@ def run_sweep(path, out_dir=None, scheduler=None, workers=2, progress=None, over
 
     Args:
         path: the sweep file.
-        out_dir: where the run files and the combined file go (default results/<name>/).
+        out_dir: where the run files and the combined file go (default `results/<name>/`).
         scheduler: address of a running dask scheduler (its workers need spherepde and out_dir);
             None: a LocalCluster of `workers` processes.
         workers: processes of the LocalCluster.
@@ -536,7 +536,7 @@ def run_sweep(path, out_dir=None, scheduler=None, workers=2, progress=None, over
         log: called with each line of text (None: silent); verbose: a line per run.
 
     Returns:
-        The path of the combined file out_dir/<name>.nc (`combine`).
+        The path of the combined file `out_dir/<name>.nc` (`combine`).
 
     Raises:
         SweepError: before anything runs: a bad sweep file, or run files that do not fit it.
