@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,15 @@ def test_every_docs_page_is_in_the_site(site):
         assert built.is_file(), f"{page.name} was not built"
 
 
+def test_tutorial_notebook_is_a_page_of_the_site(site):
+    """mkdocs_hooks.py turns docs/tutorial.ipynb into the page tutorial/ (code cells as Python
+    blocks) and the notebook itself is in the site for download."""
+    out, _ = site
+    page = (out / "tutorial" / "index.html").read_text()
+    assert "execute(config" in page and "expand(work" in page
+    assert (out / "tutorial.ipynb").read_bytes() == NOTEBOOK.read_bytes()
+
+
 @pytest.mark.parametrize("name", ["spherepde.runner.config.resolve", "spherepde.runner.run.execute",
                                   "spherepde.storage.runfile.open_run", "spherepde.runner.sweep.run_sweep",
                                   "spherepde.analysis.diagnostics.MeasureDiagnostics",
@@ -49,8 +59,6 @@ def test_api_page_documents_the_public_api(site, name):
     html = (out / "api" / "index.html").read_text()
     assert f'id="{name}"' in html, f"{name} is missing from the API page"
 
-
-NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"
 
 
 def notebook_code_cells(path):
