@@ -594,8 +594,9 @@ def execute(config: dict, path, progress: bool | None = None, log=print, snapsho
     Args:
         config: a resolved config (`spherepde.runner.config.resolve`); its [output] path is
             not used, `path` is.
-        path: the run file to write (str or Path). An existing file is replaced (unless
-            resume); unlike `spherepde run`, no lock is taken and nothing is refused.
+        path: the run file to write (str or Path; its folder must exist). An existing file is
+            replaced (unless resume); unlike `spherepde run`, no lock is taken and nothing is
+            refused.
         progress: show a tqdm bar over simulated time (default: when stderr is a terminal).
         log: called with the one-line summary at the end (`print` by default; None: silent).
         snapshot_log: a text stream that gets one line per written snapshot (None: none).
