@@ -4,6 +4,9 @@ on any warning of mkdocstrings (an API object that does not exist, a docstring i
 mkdocs and mkdocstrings come with the [test] extra (and the [docs] extra)."""
 
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +62,25 @@ def test_api_page_documents_the_public_api(site, name):
     html = (out / "api" / "index.html").read_text()
     assert f'id="{name}"' in html, f"{name} is missing from the API page"
 
+
+
+def python_blocks(path):
+    """The ```python blocks of a Markdown page."""
+    return re.findall(r"^```python\n(.*?)^```", Path(path).read_text(), flags=re.DOTALL | re.MULTILINE)
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks(ROOT / "docs" / "api.md"))))
+def test_api_page_examples_run(index, tmp_path):
+    """Each Python example of docs/api.md runs as written, from a folder holding the repository's
+    solvers/ (the examples read solvers/quickstart.toml and solvers/sweeps/tiny.toml), with this
+    checkout's spherepde first on the path."""
+    shutil.copytree(ROOT / "solvers", tmp_path / "solvers")
+    code = python_blocks(ROOT / "docs" / "api.md")[index]
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=path)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def notebook_code_cells(path):
