@@ -7,7 +7,7 @@ atoms is on) and appends it to the NetCDF file (spherepde.storage).
 Quantities that depend on the paper constant C₀ use the user's C₀ or, by default, the largest
 sup div v seen so far; at the end of the run they are rewritten with the final C₀.
 
-When things go wrong (README, "Failure behaviour"):
+When things go wrong (docs/running.md, "Failure behaviour"):
 - a guard fires (spherepde.solvers.guards.RunFailure): the state at failure is appended as a last
   snapshot with snapshot_kind = 1, the global attribute `failure` holds the message, and the
   RunFailure is raised again;
