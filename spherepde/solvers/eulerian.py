@@ -68,32 +68,19 @@ __all__ = ["EulerianSolver"]
 
 
 class EulerianSolver:
-    """Solve the mean-field continuity equation ∂_t f + div_S(f v[f]) = 0 with finite volumes.
+    """Solve the mean-field continuity equation on a HealpixMesh for an AttentionModel (or a
+    MultiHeadModel, a Schedule, a callable t ↦ (B, V, β): module docstring; turned into a schedule once).
 
-    The state is the vector of cell averages f (sr⁻¹, NESTED order; total mass Σ_c f_c A = 1)
-    plus, with atoms, point masses (module docstring). `run` integrates and returns a Dataset;
-    `snapshots` yields the state at given times.
-
-    Args:
-        mesh: the HealpixMesh.
-        model: an AttentionModel, a MultiHeadModel, a Schedule or a callable t ↦ (B, V, β)
-            (module docstring); turned into a schedule once.
-        scheme: "muscl" (second order, limited) or "upwind".
-        cfl: the outflow Courant number of a step.
-        rk_order: 2 or 3 (SSP Runge–Kutta).
-        guards: the tolerances of the run guards (spherepde.solvers.guards.Guards; the defaults
-            never fire on a healthy run).
-        summation: the attention sums, "auto" | "direct" | "tree" | "harmonic" (attention_field).
-        tolerance: relative tolerance of the fast sums.
-        near_field: exact kernel integrals over the cells around the peak (AttentionField).
-        velocity_tolerance: 0 (exact velocity at every stage) or ε > 0, the relative error
-            allowed to the edge fluxes extrapolated between exact evaluations (self.velocity,
-            EulerianVelocity).
-        atoms: None (density only) or a dict of Atoms options (capacity, width, min_mass, merge,
-            …): the state becomes density plus atoms; self.atoms is the Atoms.
-        noise: None or a spherepde.models.noise.NoiseSchedule; with ν ≢ 0 it needs rk_order 2
-            and no atoms (ValueError otherwise); self.diffusion is then the MeshDiffusion.
-
+    scheme "muscl" or "upwind"; cfl the outflow Courant number; rk_order 2 or 3; guards the
+    tolerances of the run guards (spherepde.solvers.guards.Guards; defaults never fire on a healthy run).
+    summation ("auto" | "direct" | "tree") and tolerance: the attention sums (attention_field);
+    near_field: exact kernel integrals over the cells around the peak (AttentionField).
+    velocity_tolerance: 0 (exact velocity at every stage) or ε > 0, the relative error allowed
+    to the edge fluxes extrapolated between exact evaluations (self.velocity, EulerianVelocity).
+    atoms: None (density only) or a dict of Atoms options (capacity, width, min_mass, merge):
+    the state becomes density plus atoms (module docstring); self.atoms is the Atoms.
+    noise: None or a spherepde.models.noise.NoiseSchedule (module docstring); with ν ≢ 0 it needs
+    rk_order 2 and no atoms (ValueError otherwise); self.diffusion is then the MeshDiffusion.
     self.switches counts the layer switches taken (spherepde.models.schedule).
     """
 

@@ -128,24 +128,15 @@ def quadrature_particles(mesh, law):
 
 
 class ParticleSolver:
-    """Move weighted particles x_i (a measure ρ = Σ w_i δ_{x_i}) in their own attention field.
+    """Move weighted particles in their own attention field.
 
-    `run` integrates and returns a Dataset; `snapshots` yields the positions (and carried
-    log-densities) at given times. Tokens: `tokens_from_law`; quadrature particles carrying
-    their density: `quadrature_particles`.
-
-    Args:
-        model: an AttentionModel, a MultiHeadModel, a Schedule or a callable t ↦ (B, V, β)
-            (module docstring).
-        scheme: "euler" (the paper's normalised step) or "rk4".
-        dt: the time step (shortened to land on every save and switch time).
-        carry_density: also integrate log f along the paths, d/dt log f = −div_S v (needs the
-            divergence: not available for hardmax tokens).
-        hardmax: at β = ∞, the token hardmax rule (True) or the local mean-field limit (False,
-            required with carry_density), for every head at β = ∞; default: hardmax unless
-            carry_density.
-        noise: None or a spherepde.models.noise.NoiseSchedule (refuses carry_density).
-        seed: integer ≥ 0, the seed of the noise's random streams (module docstring).
+    model: an AttentionModel, a MultiHeadModel, a Schedule or a callable t ↦ (B, V, β)
+    (module docstring). scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f
+    along the paths (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞
+    use the token hardmax rule (True) or the local mean-field limit (False, required with
+    carry_density), for every head at β = ∞.
+    noise: None or a spherepde.models.noise.NoiseSchedule; seed (integer ≥ 0) of its random streams
+    (module docstring). Noise refuses carry_density.
     """
 
     def __init__(self, model, scheme: str = "rk4", dt: float = 0.01, carry_density: bool = False,
