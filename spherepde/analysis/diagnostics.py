@@ -51,7 +51,17 @@ def _normalised(weights):
 
 
 def alignment(points, weights, basis) -> float:
-    """∫ |Qᵀx|² dρ for an orthonormal basis Q (3, dim) of a subspace."""
+    """Alignment of a measure with a subspace: ∫ |Qᵀx|² dρ (ρ normalised), dimensionless.
+
+    Args:
+        points: (n, 3) unit vectors x_i.
+        weights: (n,) weights w_i ≥ 0 (normalised here).
+        basis: (3, dim) orthonormal basis Q of the subspace (e.g. `model.E.basis`, `model.F.basis`).
+
+    Returns:
+        A number in [0, 1]: 1 exactly when ρ lives on the subspace; 1/3 per dimension for the
+        uniform law.
+    """
     w = _normalised(weights)
     coords = np.asarray(points) @ np.asarray(basis)
     return float(w @ np.sum(coords * coords, axis=1))
@@ -69,8 +79,20 @@ def projection_atoms(model, points0, weights0):
 
 
 def w2_to_two_atoms(points, weights, e, p_plus) -> float:
-    """Exact W₂ between ρ and p₊δ_e + (1 − p₊)δ_{−e} (ρ normalised): fill +e with the mass of
-    largest ⟨x, e⟩ (the optimal plan is monotone in ⟨x, e⟩)."""
+    """Exact W₂ (chordal distance) between ρ and p₊δ_e + (1 − p₊)δ_{−e}, ρ normalised.
+
+    The optimal plan is monotone in ⟨x, e⟩ (|x − e|² − |x + e|² = −4⟨x, e⟩): it fills +e with the
+    mass p₊ of largest ⟨x, e⟩. This is W₂(ρ_t, Π#ρ₀) when dim E = 1 (`projection_atoms`).
+
+    Args:
+        points: (n, 3) unit vectors.
+        weights: (n,) weights ≥ 0.
+        e: the unit vector of the atom +e.
+        p_plus: its mass p₊, in [0, 1].
+
+    Returns:
+        W₂ in [0, 2] (dimensionless: unit sphere).
+    """
     w = _normalised(weights)
     s = np.asarray(points) @ np.asarray(e)
     order = np.argsort(-s, kind="stable")
@@ -96,8 +118,22 @@ def _bin(points, weights, nside):
 
 
 def w2_binned(points, weights, target_points, target_weights, nside=8) -> float:
-    """W₂ between two measures after binning both on HEALPix(nside) (bin barycentres), exact
-    discrete OT (POT). Error ≤ 2 × the largest bin diameter (~ 2·1.2/nside)."""
+    """W₂ (chordal) between two weighted point measures, after binning both on HEALPix(nside).
+
+    Each measure becomes its bins' masses at their barycentres, and the discrete problem is
+    solved exactly (POT's `ot.emd2`). Binning moves mass by at most a bin diameter, so the error
+    is at most 2 × the largest bin diameter (≈ 2·1.2/nside). Cost O(bins²): keep nside small.
+
+    Args:
+        points: the first measure's points, (n, 3) unit vectors.
+        weights: its weights, (n,), ≥ 0.
+        target_points: the second measure's points, (m, 3).
+        target_weights: its weights, (m,).
+        nside: HEALPix level of the bins (power of two).
+
+    Returns:
+        W₂ of the two normalised binned measures.
+    """
     import ot
 
     x, a = _bin(points, _normalised(weights), nside)
@@ -109,7 +145,18 @@ def w2_binned(points, weights, target_points, target_weights, nside=8) -> float:
 
 
 def lyapunov(model, points, weights, p) -> float:
-    """V_p(ρ) = ∫ (|(I − P_E)x|² / |P_E x|²)^p dρ, +∞ if ρ charges ker P_E."""
+    """The Lyapunov functional V_p(ρ) = ∫ (|(I − P_E)x|² / |P_E x|²)^p dρ of a point measure.
+
+    Args:
+        model: an AttentionModel (its spectral projector P_E = `model.E.projector`).
+        points: (n, 3) unit vectors.
+        weights: (n,) weights ≥ 0 (normalised here).
+        p: the exponent, in (0, 1].
+
+    Returns:
+        V_p(ρ) ≥ 0, 0 exactly when ρ lives on E; +∞ if ρ charges ker P_E. For a cell-average
+        density use `lyapunov_cell_averages`, which integrates the singular integrand per cell.
+    """
     w = _normalised(weights)
     x = np.asarray(points, dtype=float)
     pe = x @ model.E.projector.T
@@ -165,8 +212,12 @@ class MeasureDiagnostics:
         return f"discrete OT (POT emd) on HEALPix nside {self.w2_nside} bins"
 
     def __call__(self, points, weights, lyapunov_value=None) -> dict:
-        """The diagnostics of ρ = Σ w_i δ_{x_i}. lyapunov_value: V_p(ρ) computed by a better
-        rule than the point sum (e.g. lyapunov_cell_averages for a cell density)."""
+        """The diagnostics of ρ = Σ w_i δ_{x_i} (points (n, 3), weights (n,)).
+
+        lyapunov_value: V_p(ρ) computed by a better rule than the point sum (e.g.
+        lyapunov_cell_averages for a cell density). Returns {"alignment_E", "alignment_F",
+        "w2_to_projection" (W₂(ρ, Π#ρ₀)), "lyapunov" (V_p(ρ))}, NaN where the model does not
+        define them."""
         m = self.model
         if m is None:
             return {name: math.nan for name in DIAGNOSTIC_META}
@@ -190,9 +241,24 @@ class MeasureDiagnostics:
 
 
 def theory_curves(model, p, lyapunov0, times, C0=None, C1=None) -> dict:
-    """The theory's curves for a model (None: E not defined, NaN), the Lyapunov exponent p and
-    V_p(ρ₀) = lyapunov0, at times t after ρ₀: name → (values, long_name). The W₂(ρ^β, ρ^∞) bound
-    only with C₀ and C₁ given, at finite β."""
+    """The theory's bounds as functions of time, for a model and its initial measure.
+
+    - `w2_bound_zero_temperature`: √(2V_p(ρ₀)) e^{−pγt/σ_max(B)}, the bound on W₂(ρ_t, Π#ρ₀)
+      that the theory states at β = ∞;
+    - `w2_bound_finite_beta`: 2√(log(β+1)/β)(e^{C₁t} − e^{C₀t}), the bound on W₂(ρ_t^β, ρ_t^∞),
+      only with C₀ and C₁ given, at finite β.
+
+    Args:
+        model: an AttentionModel (None: E not defined, the curves are NaN).
+        p: the Lyapunov exponent.
+        lyapunov0: V_p(ρ₀).
+        times: times t after ρ₀ (array-like).
+        C0: the constant C₀ of the finite-β bound (the theory does not publish it).
+        C1: the constant C₁ of the finite-β bound.
+
+    Returns:
+        name → (values over times, long_name).
+    """
     t = np.asarray(times, dtype=float)
     m = model
     zero_bound = "√(2V_p(ρ₀)) exp(−pγt/σ_max(B)): bound on W₂(ρ_t, Π#ρ₀) at β = ∞"

@@ -38,6 +38,7 @@ def regular_snapshots(ds):
 
 
 def series(ds, name, prefix=""):
+    """(times, values) of the (time,) variable prefix + name over the regular snapshots, as floats."""
     ds = regular_snapshots(ds)
     return np.asarray(ds["time"].values, dtype=float), np.asarray(ds[prefix + name].values, dtype=float)
 
@@ -53,7 +54,10 @@ def first_extremum(ds, name, prefix, nanarg):
 
 
 def max_alignment(ds, prefix=""):
-    """(max over save times of the alignment with E, the first time it is reached)."""
+    """(max over save times of the alignment with E, the first time it is reached).
+
+    ds: a run Dataset (`spherepde.open_run`); prefix="particle_" for the particles of the same file.
+    """
     return first_extremum(ds, "alignment_E", prefix, np.nanargmax)
 
 

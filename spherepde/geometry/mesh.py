@@ -33,21 +33,22 @@ EDGE_END = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
 class HealpixMesh:
     """HEALPix finite-volume mesh in NESTED ordering.
 
-    Attributes (all NumPy arrays, computed once):
-      nside, npix, area (= 4π/npix, exact), level (= log2 nside)
-      centers (npix, 3): pixel centres as given by healpy.pix2vec (not area centroids)
-      centroids (npix, 3): unit area centroids ∫x dA / |∫x dA| (used by the reconstruction)
-      edge_cells (nedges, 2): the two cells (p, q) of each shared edge, p < q; each edge once
-      edge_points (nedges, nq, 3): Gauss points on the true curved edge, ordered A → B
-      edge_weights (nedges, nq): arc-length quadrature weights (sum = edge length, radians)
-      edge_normals (nedges, nq, 3): unit normals tangent to the sphere, pointing from p to q
-      edge_nodes (nedges, nq + 1, 3): sub-arc end points (corners A, B at both ends) such that
-        the sub-arc k holds Gauss point k; the stream-function flux of sub-arc k is ψ(node k) −
-        ψ(node k+1), and the sub-arcs telescope to ψ(A) − ψ(B)
-      cell_edges (npix, 4), cell_edge_sign (npix, 4): the edges of every cell (slots SW, NW, NE,
-        SE) and +1 where the cell is the edge's p side (flux leaves), −1 where it is q
-      neighbours (npix, 8): all neighbours (edge and corner), missing corner slots → the cell
-      lsq_coef (npix, 8, 3): least-squares gradient weights: ∇f_p ≈ Σ_j lsq_coef[p, j] (f_nbr − f_p)
+    Attributes, all NumPy arrays computed once:
+
+    - nside, npix, area (= 4π/npix, exact), level (= log2 nside)
+    - centers (npix, 3): pixel centres as given by healpy.pix2vec (not area centroids)
+    - centroids (npix, 3): unit area centroids ∫x dA / |∫x dA| (used by the reconstruction)
+    - edge_cells (nedges, 2): the two cells (p, q) of each shared edge, p < q; each edge once
+    - edge_points (nedges, nq, 3): Gauss points on the true curved edge, ordered A → B
+    - edge_weights (nedges, nq): arc-length quadrature weights (sum = edge length, radians)
+    - edge_normals (nedges, nq, 3): unit normals tangent to the sphere, pointing from p to q
+    - edge_nodes (nedges, nq + 1, 3): sub-arc end points (corners A, B at both ends) such that
+      the sub-arc k holds Gauss point k; the stream-function flux of sub-arc k is ψ(node k) −
+      ψ(node k+1), and the sub-arcs telescope to ψ(A) − ψ(B)
+    - cell_edges (npix, 4), cell_edge_sign (npix, 4): the edges of every cell (slots SW, NW, NE,
+      SE) and +1 where the cell is the edge's p side (flux leaves), −1 where it is q
+    - neighbours (npix, 8): all neighbours (edge and corner), missing corner slots → the cell
+    - lsq_coef (npix, 8, 3): least-squares gradient weights: ∇f_p ≈ Σ_j lsq_coef[p, j] (f_nbr − f_p)
 
     The edge orientation A → B is counter-clockwise around p seen from outside, so that the unit
     normal is n = t × x (t the unit tangent) and, for a solenoidal field v = x × ∇ψ, the flux

@@ -150,10 +150,12 @@ class AttentionModel:
 
     @property
     def zero_temperature(self) -> bool:
+        """β = ∞: the field is local, v(x) = P_x(Mx)/|Bᵀx|."""
         return math.isinf(self.beta)
 
     @property
     def unnormalised(self) -> bool:
+        """normalisation = "unnormalised": no division by the partition function."""
         return self.normalisation == "unnormalised"
 
     @property
@@ -176,6 +178,7 @@ class AttentionModel:
 
     @property
     def m_symmetric(self) -> bool:
+        """M = VBᵀ symmetric (to 1e-12): then P_E is the orthogonal projector."""
         return bool(np.allclose(self.M, self.M.T, rtol=1e-12, atol=1e-12 * np.abs(self.M).max()))
 
     @property
@@ -196,6 +199,7 @@ class AttentionModel:
             return np.where(norm > 0, y / norm, np.nan)
 
     def describe(self) -> str:
+        """One line: β, the eigenvalues of VBᵀ, dim E, the gap, dim F, σ_max(B)."""
         lam = ", ".join(f"{z.real:.4g}{z.imag:+.4g}i" if abs(z.imag) > 0 else f"{z.real:.4g}"
                         for z in self.E.eigenvalues)
         unnorm = ""

@@ -54,7 +54,13 @@ def orthogonal_scale(B, rtol: float = 1e-12) -> float | None:
 
 @dataclass(frozen=True)
 class MultiHeadModel:
-    """H ≥ 1 heads whose fields add up (module docstring). heads: AttentionModel, …"""
+    """H ≥ 1 attention heads acting on the same tokens; their fields add up:
+    v(x) = Σ_h P_x(V_h m^h(x)), m^h the softmax mean of head h at its own β_h (module docstring).
+
+    heads: a tuple of AttentionModel (1 to MAX_HEADS). The theory's objects (theory_objects):
+    E and Π for several heads only when every head is at β = ∞ with B_h B_hᵀ = c_h² I (the field
+    is then the local linear field of M = Σ_h V_h B_hᵀ / c_h); F for one head only.
+    """
 
     heads: tuple
 

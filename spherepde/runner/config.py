@@ -138,7 +138,19 @@ MAX_LAYERS = 1000
 
 
 def load(path) -> dict:
-    """Parse a TOML file into a dict; malformed TOML or a missing file raise ConfigError."""
+    """Read a run config (or sweep) TOML file, unchecked.
+
+    Args:
+        path: the TOML file (str or Path).
+
+    Returns:
+        The parsed document: section name → table (a dict of plain Python values), as written;
+        `resolve` checks it and fills in the defaults.
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8 text, or is not valid TOML (the
+            message names the path).
+    """
     path = Path(path)
     try:
         text = path.read_text()
@@ -153,7 +165,18 @@ def load(path) -> dict:
 
 
 def parse_override(text: str):
-    """`section.key=value` → (section, key, value); value in TOML syntax, else a bare string."""
+    """Split one `--set` override.
+
+    Args:
+        text: `section.key=value`, the value in TOML syntax (`3.0`, `"inf"`, `[1, 2, 3]`,
+            `true`); a value that is no TOML is taken as a bare string (`model.beta=inf`).
+
+    Returns:
+        (section, key, value).
+
+    Raises:
+        ConfigError: the text is not of the form `section.key=value`.
+    """
     name, sep, raw = text.partition("=")
     parts = name.strip().split(".")
     if not sep or len(parts) != 2 or not all(parts):
@@ -166,6 +189,19 @@ def parse_override(text: str):
 
 
 def apply_overrides(config: dict, overrides) -> dict:
+    """A copy of a parsed config with `--set` overrides applied, in order (the last wins).
+
+    Args:
+        config: a parsed config (`load`), not changed.
+        overrides: `section.key=value` strings (`parse_override`), or None.
+
+    Returns:
+        The new parsed config; a section the overrides name is created if missing (so
+        `particles.n=500` adds a particle solver to a config without one).
+
+    Raises:
+        ConfigError: a malformed override, or one whose section is not a table.
+    """
     config = copy.deepcopy(config)
     for text in overrides or ():
         section, key, value = parse_override(text)
@@ -426,8 +462,27 @@ def _heads_for_checks(model):
 
 
 def resolve(raw: dict) -> dict:
-    """Validate a parsed config and fill in defaults, one section after the other. Raises
-    ConfigError naming the first bad key."""
+    """Check a parsed config and fill in the defaults: what `spherepde run` runs.
+
+    Every section is checked in turn ([model], [initial], [eulerian], [time], [particles],
+    [diagnostics], [guards], [output]; the keys and their ranges are in the module docstring and
+    docs/running.md), random weight laws are drawn (`weight_seed`), and the model and the
+    initial law are built once to make sure they can be.
+
+    Args:
+        raw: a parsed config, from `load` / `apply_overrides` or written as a dict of sections,
+            e.g. `{"model": {"beta": 10.0, "B": ..., "V": ...}, "time": {"t_end": 4.0,
+            "save_every": 0.5}}`. Not changed.
+
+    Returns:
+        The resolved config: every section with every key, plain JSON-serialisable data (the
+        run file stores it as its `config` attribute); `particles` is None without a
+        [particles] section. This is what `spherepde.runner.run.execute` takes.
+
+    Raises:
+        ConfigError: the first bad, unknown or missing key; the message names it, e.g.
+            `[model] beta: must be a positive number or "inf", got -1`.
+    """
     cfg = _with_defaults(raw)
     given = {section: raw.get(section, {}) for section in DEFAULTS}  # the keys the file sets
     noisy = _resolve_model(cfg["model"], given["model"])

@@ -7,7 +7,7 @@ atoms is on) and appends it to the NetCDF file (spherepde.storage).
 Quantities that depend on the paper constant C₀ use the user's C₀ or, by default, the largest
 sup div v seen so far; at the end of the run they are rewritten with the final C₀.
 
-When things go wrong (README, "Failure behaviour"):
+When things go wrong (docs/running.md, "Failure behaviour"):
 - a guard fires (spherepde.solvers.guards.RunFailure): the state at failure is appended as a last
   snapshot with snapshot_kind = 1, the global attribute `failure` holds the message, and the
   RunFailure is raised again;
@@ -670,18 +670,37 @@ def _finish(setup, writer, path, times, records, wall):
 
 def execute(config: dict, path, progress: bool | None = None, log=print, snapshot_log=None,
             resume: bool = False) -> dict:
-    """Run a resolved config, writing the NetCDF file at path. Returns a summary dict.
+    """Run a resolved config and write its run file: what `spherepde run` does after the checks.
 
     The Eulerian solver and, with a [particles] section, the particle solver advance in lockstep
-    from save time to save time; each snapshot (both solvers and all diagnostics) is appended to
-    the file as soon as it exists.
-    progress: tqdm bar on simulation time (default: when stderr is a terminal). log: where the
-    one-line summary goes. snapshot_log: a text stream that gets a line per written snapshot.
-    resume: continue the run in the existing file at path from its last complete snapshot (a
-    finished run is left alone: summary["already_complete"]).
-    Raises RunFailure (a guard fired; failure.kept: the regular snapshots in the file),
-    WriteError (the file system refused a write) and RunFileError (resume: the file does not fit
-    the config or cannot be read).
+    from save time to save time (`run_times`); each snapshot (both solvers and all diagnostics
+    of the theory) is appended to the NetCDF file as soon as it exists, so an interrupted run
+    keeps every snapshot it reached. Open the file with `spherepde.open_run`.
+
+    Args:
+        config: a resolved config (`spherepde.runner.config.resolve`); its [output] path is
+            not used, `path` is.
+        path: the run file to write (str or Path; its folder must exist). An existing file is
+            replaced (unless resume); unlike `spherepde run`, no lock is taken and nothing is
+            refused.
+        progress: show a tqdm bar over simulated time (default: when stderr is a terminal).
+        log: called with the one-line summary at the end (`print` by default; None: silent).
+        snapshot_log: a text stream that gets one line per written snapshot (None: none).
+        resume: continue the run in the existing file at path from its last complete
+            snapshot, to the same result as an uninterrupted run (a finished run is left
+            alone: summary["already_complete"]).
+
+    Returns:
+        A summary dict: `path`, `t_end`, `snapshots`, `wall_seconds` (s), `particles` (their
+        number, 0 without) and, with the Eulerian solver, `steps`, `rejected_steps`,
+        `mass_drift` (largest |mass(t) − mass(0)|, the initial mass being 1) and `min_density`
+        (smallest cell average over the snapshots, sr⁻¹).
+
+    Raises:
+        RunFailure: a run guard fired (spherepde.solvers.guards); the state at failure is the
+            file's last snapshot (snapshot_kind = 1), `failure.kept` the regular snapshots before it.
+        WriteError: the file system refused a write; the file keeps every complete snapshot.
+        RunFileError: with resume, the file does not fit the config or cannot be read.
     """
     clock = _time.perf_counter()
     setup = build_run(config)

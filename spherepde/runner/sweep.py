@@ -17,10 +17,10 @@ whole table, and each of its values carries a `label` (removed before the config
 that names the case. Every expanded config is resolved (spherepde.runner.config.resolve) before anything
 runs; any problem raises SweepError, one line naming the sweep key and value.
 
-Each run writes OUT/<run id>.nc with spherepde.runner.run.execute, one task and one file per run (HDF5
+Each run writes `OUT/<run id>.nc` with spherepde.runner.run.execute, one task and one file per run (HDF5
 is not thread-safe). A complete file whose stored config equals the run's is skipped, an
 incomplete one is continued (execute(..., resume=True)), one with another config is refused
-unless overwrite. The runs' per-snapshot diagnostics are then combined into OUT/<name>.nc.
+unless overwrite. The runs' per-snapshot diagnostics are then combined into `OUT/<name>.nc`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class SweepFailure(RuntimeError):
 
 class RunSpec(NamedTuple):
     """One run of a sweep: its id, its place in the expansion, the swept values (the label for a
-    whole-table key) and the resolved run config ([output] path = OUT/<run id>.nc)."""
+    whole-table key) and the resolved run config ([output] path = `OUT/<run id>.nc`)."""
 
     run_id: str
     index: int
@@ -211,8 +211,21 @@ def _blame(message, params) -> str | None:
 
 
 def expand(path, out_dir=None) -> list[RunSpec]:
-    """The runs of a sweep file, in expansion order, each config resolved. out_dir: where the run
-    files go (default results/<name>/). Raises SweepError on the first problem."""
+    """The runs of a sweep file, in expansion order (the last grid key varies fastest).
+
+    Args:
+        path: the sweep file (TOML: [sweep] name, base, seed, [sweep.grid]; module docstring).
+        out_dir: where the run files go (default `results/<name>/`).
+
+    Returns:
+        One RunSpec per run: its id `<name>-<index:04d>`, the swept values, and its resolved
+        config, whose [output] path is `out_dir/<run id>.nc` (`spec.path`). Nothing is run or
+        written: `spherepde.runner.run.execute(spec.config, spec.path)` runs one.
+
+    Raises:
+        SweepError: the first problem of the sweep file or of an expanded config, in one line
+            that names the sweep key and value.
+    """
     return _expand(path, out_dir)[1]
 
 
@@ -505,15 +518,29 @@ def _run_on_dask(todo, client, threads, progress, total, emit, verbose):
 
 def run_sweep(path, out_dir=None, scheduler=None, workers=2, progress=None, overwrite=False,
               threads_per_run=1, log=print, verbose=False):
-    """Run a sweep file on dask.distributed and combine the runs; returns the combined file's
-    path (OUT/<name>.nc).
+    """Run a sweep file on dask.distributed and combine the runs: what `spherepde sweep` does.
 
-    scheduler: address of a running dask scheduler (its workers need spherepde and OUT);
-    otherwise a LocalCluster of `workers` processes. threads_per_run: numba threads of a run.
-    progress: a tqdm bar over runs (default: when stderr is a terminal). overwrite: replace run
-    files that hold another config. log(text): where the lines go (per run with verbose).
-    Raises SweepError before anything runs (bad sweep file, files that do not fit), and
-    SweepFailure after the combined file is written when a run failed.
+    Complete run files of the same config are skipped, interrupted ones continued, so a repeated
+    call only runs what is missing. Call it under `if __name__ == "__main__":` (the local
+    cluster spawns processes).
+
+    Args:
+        path: the sweep file.
+        out_dir: where the run files and the combined file go (default `results/<name>/`).
+        scheduler: address of a running dask scheduler (its workers need spherepde and out_dir);
+            None: a LocalCluster of `workers` processes.
+        workers: processes of the LocalCluster.
+        progress: a tqdm bar over runs (default: when stderr is a terminal).
+        overwrite: replace run files that hold another config (else SweepError).
+        threads_per_run: numba threads of a run.
+        log: called with each line of text (None: silent); verbose: a line per run.
+
+    Returns:
+        The path of the combined file `out_dir/<name>.nc` (`combine`).
+
+    Raises:
+        SweepError: before anything runs: a bad sweep file, or run files that do not fit it.
+        SweepFailure: after the combined file is written, when some runs failed.
     """
     _refuse_in_worker()
     _check_sizes(workers, threads_per_run)
@@ -642,7 +669,8 @@ def _coordinate(key, specs):
 
 def combine(specs, path, sweep_name, sweep_file=None, failures=()) -> Path:
     """Write the per-snapshot diagnostics (every (time,) variable) of the runs' files, along a new
-    dimension `run`, to path; returns path.
+    dimension `run`, to path; returns path. specs: the RunSpecs of `expand` whose files exist;
+    sweep_name: recorded in the attributes; sweep_file: the sweep file's path, recorded.
 
     Besides the diagnostics: snapshot_kind (run, time) as a float (0 regular, 1 the state at a guard
     failure, NaN where the run has no snapshot), run_complete and run_wall_seconds per run, so

@@ -649,11 +649,25 @@ def _snapshot_flags(ds):
 def open_run(path):
     """Open a run file as an xarray.Dataset, loaded into memory (the file is not kept open).
 
-    The resolved config is the JSON string ds.attrs["config"]; ds.attrs["complete"] is 1 when the
-    run finished, 0 when it was interrupted or failed (then ds.attrs["failure"] says why and the
-    last snapshot, snapshot_kind = 1, is the state at failure). A snapshot cut short by a kill
-    (snapshot_complete not 1) is dropped, so every snapshot returned was completely written.
-    Raises RunFileError, naming the path, for a missing, unreadable, damaged or foreign file.
+    The file's checksums are verified, and a snapshot cut short by a kill (snapshot_complete
+    not 1) is dropped, so every snapshot returned was completely written. Also `spherepde.open_run`.
+
+    Args:
+        path: a run file written by `spherepde run` or `spherepde.runner.run.execute`.
+
+    Returns:
+        The run as an xarray.Dataset: `density(time, cell)` (cell averages, sr⁻¹, NESTED
+        order), the atoms' `atom_position(time, atom, xyz)` and `atom_mass(time, atom)`, one
+        `(time,)` variable per diagnostic (`alignment_E`, `alignment_F`, `w2_to_projection`,
+        `w2_bound_zero_temperature`, `lyapunov`, `min_density`, `lower_bound_paper`,
+        `lower_bound_aposteriori`, …; `particle_…` for the particles), the particles'
+        `positions(time, particle, xyz)`, and the attributes: `config` (the resolved config as
+        JSON), `complete` (1 when the run finished, 0 when it was interrupted or failed; then
+        `failure` says why and the last snapshot, snapshot_kind = 1, is the state at failure),
+        β, the spectral data. docs/file_format.md lists every variable and attribute.
+
+    Raises:
+        RunFileError: a missing, unreadable, damaged or foreign file (the message names the path).
     """
     ds = _load(path)
     complete, kind = _snapshot_flags(ds)

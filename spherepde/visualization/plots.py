@@ -624,8 +624,9 @@ def _mark_partial(fig, note, top=True):
 
 
 def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fps=8) -> list[Path]:
-    """Write <stem>_density.png, <stem>_diagnostics.png and <stem>_sphere.png for a run file, and
-    with movie=True <stem>_movie.gif (and .mp4 when ffmpeg is present); returns the paths."""
+    """Write `<stem>_density.png`, `<stem>_diagnostics.png` and `<stem>_sphere.png` for a run file
+    (stem: the run file's name without .nc) into out_dir, and with movie=True `<stem>_movie.gif`
+    (and .mp4 when ffmpeg is present); returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
