@@ -212,7 +212,9 @@ def _particle_setup(config, model, law, mesh, noise):
         if not carry:
             log_f0 = None
     solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"],
-                            summation=pt.get("summation", "auto"))
+                            summation=pt.get("summation", "auto"), backend=pt.get("backend", "cpu"))
+    if solver.backend == "cuda":  # the GPU's arrays now, before the file is opened (DeviceMemoryError)
+        solver.reserve_device(x0.shape, weights)
     return _Particles(solver, x0, weights, log_f0, rng_record)
 
 
@@ -349,9 +351,15 @@ class RunSetup:
         self.attrs.update({"particle_mode": pt["mode"], "particle_scheme": psolver.scheme,
                            "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
                            "particle_lyapunov_initial": self.pdiag.lyapunov0})
+        self.attrs["particle_backend"] = psolver.backend  # the one used ([particles] backend: the one asked for)
+        if psolver.backend == "cuda":
+            self.attrs["particle_device"] = psolver.device_name
         if self.token_layout:
+            summation = (f"fused direct sum on the GPU (spherepde.summation.cuda, {psolver.precision})"
+                         if psolver.backend == "cuda"
+                         else "batched direct sum (spherepde.summation.batched)")
             self.attrs.update({"particle_dimension": x0.shape[-1], "particle_systems": len(self.pdiag.systems),
-                               "particle_summation": "batched direct sum (spherepde.summation.batched)",
+                               "particle_summation": summation,
                                "cluster_rule": f"connected components of <x_i, x_j> >= {CLUSTER_THRESHOLD} "
                                                f"(the {CLUSTER_SLOTS} largest masses recorded)"})
         if self.noise is not None:
