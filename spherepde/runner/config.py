@@ -63,6 +63,8 @@ A config has the sections
                    "cpu" | "cuda": the tokens on the GPU, spherepde.solvers.device; refused without
                    a visible GPU, with noise and for quadrature particles). The resolved config
                    keeps the backend asked for, the run file's attribute particle_backend the one used.
+                   precision ("fp64" (default) | "fp32": the GPU's sums in single precision;
+                   needs backend = "cuda")
     [time]         t_end > 0, save_every in (0, t_end]
     [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
                    w2_nside (HEALPix level of the discrete OT when dim E > 1)
@@ -115,7 +117,7 @@ DEFAULTS = {
                  "tail_exclusion": 3.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
-                  "summation": "auto", "backend": "auto"},
+                  "summation": "auto", "backend": "auto", "precision": "fp64"},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
     "guards": {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12},
     "output": {"path": None},
@@ -134,6 +136,7 @@ BETA_RANGE = (1e-3, 1e6)
 NOISE_MAX = 1e3
 
 BACKENDS = ("auto", "cpu", "cuda")  # [particles] backend (spherepde.solvers.device.BACKENDS)
+PRECISIONS = ("fp64", "fp32")  # [particles] precision (spherepde.summation.cuda.PRECISIONS)
 MAX_DIMENSION = 4096
 MAX_SYSTEMS = 4096
 MAX_STATE = 2**26  # systems × n × d: one copy of the positions is at most 512 MiB
@@ -737,10 +740,15 @@ def _resolve_particles(pt, tm, d=3, eulerian=True):
 def _resolve_backend(pt, noisy):
     """[particles] backend: one of BACKENDS; "cuda" needs a GPU that numba sees and a run the
     device solver runs (spherepde.solvers.device), checked here so that nothing is written."""
-    backend = pt["backend"]
+    backend, precision = pt["backend"], pt["precision"]
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ConfigError(f"[particles] backend: must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
                           f"{_did_you_mean(backend, BACKENDS)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"[particles] precision: must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    if precision != "fp64" and backend != "cuda":
+        raise ConfigError(f'[particles] precision: "{precision}" is an option of the GPU\'s sums: it needs backend = '
+                          f'"cuda", got backend = "{backend}"')
     if backend != "cuda":
         return
     from ..solvers.device import backend_for, device_problem  # imports numba.cuda: only when asked
@@ -816,6 +824,7 @@ ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # an
 # the GPU backend came later: a file without the key ran on the CPU, as "auto" does without a GPU
 # (the run file's particle_backend attribute says which one a run used)
 ADDED_KEYS[("particles", "backend")] = "auto"
+ADDED_KEYS[("particles", "precision")] = "fp64"
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)

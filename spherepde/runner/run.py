@@ -212,7 +212,8 @@ def _particle_setup(config, model, law, mesh, noise):
         if not carry:
             log_f0 = None
     solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"],
-                            summation=pt.get("summation", "auto"), backend=pt.get("backend", "cpu"))
+                            summation=pt.get("summation", "auto"), backend=pt.get("backend", "cpu"),
+                            precision=pt.get("precision", "fp64"))
     if solver.backend == "cuda":  # the GPU's arrays now, before the file is opened (DeviceMemoryError)
         solver.reserve_device(x0.shape, weights)
     return _Particles(solver, x0, weights, log_f0, rng_record)

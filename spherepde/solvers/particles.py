@@ -212,6 +212,8 @@ class ParticleSolver:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.seed = int(seed)
+        if precision not in ("fp64", "fp32"):
+            raise ValueError(f"precision must be 'fp64' or 'fp32', got {precision!r}")
         self.backend, self.precision, self._device = "cpu", precision, None
         if backend != "cpu":  # the GPU (spherepde.solvers.device), imported only when asked for
             from .device import backend_for, device_problem

@@ -53,6 +53,8 @@ def run_cli(tmp_path, capsys, extra, *args):
     ("backend = 1", False, ["[particles] backend", "must be one of"]),
     ('backend = "cuda"', False, ["[particles] backend", "no GPU is visible"]),
     ('backend = "cuda"', True, ["[particles] backend", "noise is not on the GPU"]),
+    ('precision = "fp16"', True, ["[particles] precision", "must be one of 'fp64', 'fp32'"]),
+    ('precision = "fp32"', True, ["[particles] precision", 'needs backend = "cuda"', 'got backend = "auto"']),
 ])
 def test_bad_backend_exits_2_with_one_line_and_no_file(tmp_path, capsys, monkeypatch, extra, gpu, words):
     monkeypatch.setattr(device_sums, "available", lambda: gpu)
@@ -89,7 +91,24 @@ def test_auto_without_a_gpu_runs_on_the_cpu_and_says_so(tmp_path, capsys, monkey
     assert status == 0, err
     ds = open_run(out)
     assert ds.attrs["particle_backend"] == "cpu" and "particle_device" not in ds.attrs
-    assert '"backend": "auto"' in ds.attrs["config"]
+    assert '"backend": "auto"' in ds.attrs["config"] and '"precision": "fp64"' in ds.attrs["config"]
+
+
+def test_fp32_on_the_gpu_resolves_and_reaches_the_solver(tmp_path, monkeypatch):
+    """precision = "fp32" with backend = "cuda": the resolved config keeps it and the run's
+    particle solver sums in fp32 (its arrays are not allocated here: no GPU)."""
+    from spherepde.runner.config import load
+    from spherepde.runner.run import build_run
+
+    monkeypatch.setattr(device_sums, "available", lambda: True)
+    monkeypatch.setattr(ParticleSolver, "reserve_device", lambda self, shape, weights: None)
+    monkeypatch.setattr(ParticleSolver, "device_name", "a test GPU")
+    config = resolve(load(write(tmp_path, 'backend = "cuda"\nprecision = "fp32"')))
+    assert (config["particles"]["backend"], config["particles"]["precision"]) == ("cuda", "fp32")
+    setup = build_run(config)
+    assert setup.particles.solver.precision == "fp32"
+    assert setup.attrs["particle_backend"] == "cuda" and setup.attrs["particle_device"] == "a test GPU"
+    assert "fp32" in setup.attrs["particle_summation"]
 
 
 def test_files_without_the_key_still_resume(tmp_path):
@@ -98,7 +117,7 @@ def test_files_without_the_key_still_resume(tmp_path):
                       "time": {"t_end": 1.0, "save_every": 0.5}, "eulerian": {"enabled": False},
                       "particles": {"n": 10}})
     assert config["particles"]["backend"] == "auto" and ADDED_KEYS[("particles", "backend")] == "auto"
-    old = {**config, "particles": {k: v for k, v in config["particles"].items() if k != "backend"}}
+    old = {**config, "particles": {k: v for k, v in config["particles"].items() if k not in ("backend", "precision")}}
     assert difference(old, config) is None
     changed = {**config, "particles": {**config["particles"], "backend": "cpu"}}
     assert "[particles] backend" in difference(changed, config)
