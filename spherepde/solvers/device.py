@@ -26,8 +26,8 @@ import functools
 import numpy as np
 
 from ..summation import cuda as device_sums
-from ..summation.cuda import cuda
 from ..summation.batched import log2_masses
+from ..summation.cuda import cuda
 from .guards import Guards
 from .timeline import segments
 

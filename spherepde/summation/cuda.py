@@ -79,7 +79,7 @@ def available() -> bool:
         return False
     try:
         return bool(cuda.is_available())
-    except Exception:  # a broken driver installation counts as no GPU
+    except Exception:  # noqa: BLE001 - a broken driver installation counts as no GPU
         return False
 
 

@@ -106,7 +106,7 @@ def throughput(sizes, d=3, systems=1, beta=30.0, precisions=("fp64", "fp32"), bu
             eye = cu.to_device(np.eye(d))
             velocity, logz = device.device_arrays((systems, n, d), (systems, n))
 
-            def call():
+            def call(x=x, lam=lam, eye=eye, velocity=velocity, logz=logz, precision=precision):
                 device.launch_softmax(x, lam, eye, eye, beta, 0.0, velocity, logz, precision)
 
             seconds = _timed(call, cu.synchronize, min_seconds)
