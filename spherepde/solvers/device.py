@@ -22,6 +22,7 @@ the run guard (finite positions) is checked there.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -82,7 +83,7 @@ def _step_kernels():
             for q in range(d):
                 y = x[s, i, q] + coef * k[s, i, q]
                 norm2 += y * y
-            r = norm2 ** 0.5
+            r = math.sqrt(norm2)
             for q in range(d):
                 out[s, i, q] = (x[s, i, q] + coef * k[s, i, q]) / r
 

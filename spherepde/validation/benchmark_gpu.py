@@ -2,8 +2,8 @@
 
     python -m spherepde.validation.benchmark_gpu            (about 5 min on an H200)
 
-prints Markdown for docs/performance.md: the device, a correctness check against the CPU
-kernel, then
+prints Markdown for docs/performance.md: the device, checks against the CPU (the sum, fp64 and
+fp32; five RK4 steps of the device solver; it stops if fp64 differs by more than 1e-12), then
 
 1. throughput of the fused sum (spherepde.summation.cuda), fp64 and fp32: one system of
    n = 10⁴ … 10⁶ tokens in d = 3 (and d = 16 at n = 10⁵; 8 systems of 2 000): pairs per second
@@ -33,7 +33,8 @@ import time
 
 import numpy as np
 
-__all__ = ["main", "throughput", "ensembles", "largest_n", "flops_per_pair", "PEAK", "f_onset"]
+__all__ = ["main", "check", "check_steps", "throughput", "ensembles", "largest_n", "flops_per_pair", "PEAK",
+           "f_onset"]
 
 # H200 (SXM) peaks without tensor cores, operations per second (the kernel uses none): fp64 34
 # TFLOP/s (67 with fp64 tensor cores, which a softmax sum cannot use), fp32 67 TFLOP/s
@@ -86,6 +87,24 @@ def check(n=2000, d=3, beta=30.0, systems=2):
     scale = np.abs(v_cpu).max()
     return {p: float(np.abs(device.softmax_on_device(x, masses, B, V, beta, p)[0] - v_cpu).max() / scale)
             for p in ("fp64", "fp32")}
+
+
+def check_steps(n=500, systems=2, steps=5, dt=0.02):
+    """max |x_gpu − x_cpu| after `steps` RK4 steps of the paper's model at β = 30 and β = ∞
+    (the device solver against the CPU particle solver, fp64)."""
+    from ..models.attention import AttentionModel
+    from ..solvers.particles import ParticleSolver
+
+    x = _tokens(np.random.default_rng(4), (systems, n, 3))
+    w = np.full(n, 1.0 / n)
+    out = {}
+    for beta in (30.0, math.inf):
+        ends = {}
+        for backend in ("cpu", "cuda"):
+            solver = ParticleSolver(AttentionModel(PAPER_B, PAPER_V, beta), "rk4", dt, backend=backend)
+            ends[backend] = list(solver.snapshots(x, w, [0.0, steps * dt]))[-1][2]
+        out[beta] = float(np.abs(ends["cuda"] - ends["cpu"]).max())
+    return out
 
 
 def throughput(sizes, d=3, systems=1, beta=30.0, precisions=("fp64", "fp32"), budget=60.0, min_seconds=0.5):
@@ -219,8 +238,11 @@ def main(argv=None) -> int:
     errors = check(n=40 if smoke else 2000)
     print(f"\ncheck against the CPU batched kernel (n = {40 if smoke else 2000}, d = 3, beta = 30, 2 systems): "
           f"max |v_gpu − v_cpu| / max |v_cpu| = {errors['fp64']:.2e} (fp64), {errors['fp32']:.2e} (fp32)")
-    if not errors["fp64"] <= 1e-12:
-        print("benchmark_gpu: the fp64 device sum differs from the CPU kernel: stopping")
+    steps = check_steps(n=20 if smoke else 500, steps=1 if smoke else 5)
+    print("RK4 steps on the device against the CPU solver (paper matrices, 2 systems): max |x_gpu − x_cpu| = "
+          + ", ".join(f"{d:.2e} (beta = {b:g})" for b, d in steps.items()))
+    if not (errors["fp64"] <= 1e-12 and max(steps.values()) <= 1e-12):
+        print("benchmark_gpu: the device differs from the CPU by more than 1e-12 in fp64: stopping")
         return 1
 
     sizes = [40] if smoke else [10_000, 30_000, 100_000, 300_000, 1_000_000]
