@@ -131,12 +131,14 @@ def check_steps():
     return result
 
 
-def check_run(config, out):
+def check_run(config, out, *extra):
     """`spherepde run CONFIG --set particles.backend="cuda" -o OUT` in the simulator (the CLI
-    in this process); its exit status."""
+    in this process), or with extra arguments (e.g. --resume) instead of the --set; its exit
+    status."""
     from spherepde.cli import main
 
-    return {"status": main(["run", config, "--set", 'particles.backend="cuda"', "-o", out])}
+    args = list(extra) or ["--set", 'particles.backend="cuda"']
+    return {"status": main(["run", config, "-o", out, *args])}
 
 
 if __name__ == "__main__":

@@ -595,6 +595,10 @@ def _reopen(setup, path, point, times):
     entry = f"{timestamp()}: resumed from snapshot {point.index} (t = {times[point.index]:g})"
     if setup.config["guards"] != point.config.get("guards"):  # the one section that may change
         entry += f" with [guards] {json.dumps(setup.config['guards'])}"
+    if setup.particles:  # backend = "auto" may pick another one on another machine (same numbers to rounding)
+        used, before = setup.attrs["particle_backend"], point.attrs.get("particle_backend", "cpu")
+        if used != before:
+            entry += f" on the {used} backend (particle_backend = {before!r} before)"
     history = point.attrs.get("history", "")
     # a failure is forgotten; a file damaged where only a write reads it is refused here
     writer.begin_resume({"history": (history + "\n" if history else "") + entry}, delete=("failure", "failure_time"))

@@ -6,7 +6,7 @@ memory is one line, exit 3, nothing written; old files without the key still res
 import numpy as np
 import pytest
 from cuda_simulator import simulate
-from run_helpers import relative_difference
+from run_helpers import interrupt_after, relative_difference
 
 from spherepde.cli import main
 from spherepde.runner.config import ADDED_KEYS, difference, resolve
@@ -141,3 +141,20 @@ def test_a_run_on_the_gpu_equals_the_cpu_run(tmp_path, capsys, monkeypatch):
     for name in b.data_vars:
         if name not in ("snapshot_digest",) and np.issubdtype(b[name].dtype, np.floating):
             assert relative_difference(a[name].values, b[name].values) <= 1e-12, name
+
+
+def test_a_cpu_run_resumed_on_the_gpu_says_so_and_agrees(tmp_path, capsys, monkeypatch):
+    """backend = "auto": a run interrupted on a machine without a GPU and resumed where numba
+    sees one (the simulator) continues on the GPU; the history says so, and the file equals
+    the uninterrupted CPU run to 1e-12."""
+    monkeypatch.setattr(device_sums, "available", lambda: False)
+    config = write(tmp_path)
+    full, cut = tmp_path / "full.nc", tmp_path / "cut.nc"
+    assert main(["run", str(config), "-o", str(full)]) == 0
+    interrupt_after(config, cut, 2)
+    assert simulate("run", config, cut, "--resume") == {"status": 0}
+    a, b = open_run(cut), open_run(full)
+    assert "resumed from snapshot 1" in a.attrs["history"]
+    assert "on the cuda backend (particle_backend = 'cpu' before)" in a.attrs["history"]
+    assert a.attrs["particle_backend"] == "cpu"  # the attribute of the run's start
+    assert relative_difference(a.positions.values, b.positions.values) <= 1e-12
