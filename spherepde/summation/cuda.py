@@ -9,8 +9,8 @@ and the β = ∞ hardmax m(x) = x_{k,j*}, j* = argmax_{j: μ_j > 0} ⟨Bᵀx, x_
 ties), as one fused kernel each: no n × n array, no second pass, memory O(M n d).
 
 Design (fused online softmax, Milakov & Gimelshein 2018, arXiv 1805.02867):
-- one thread per target, THREADS targets per block, grid (⌈n / THREADS⌉, M): blockIdx.y is the
-  system, so every block streams the sources of one system only.
+- one thread per target, THREADS targets per block (fewer, whole warps, for small n), grid
+  (⌈n / THREADS⌉, M): blockIdx.y is the system, so every block streams the sources of one system.
 - the sources of that system pass through shared memory in tiles of `tile` tokens × d
   coordinates plus their λ_j = log₂(μ_j / max μ); the threads of a block load a tile together
   (coalesced: the tile is contiguous in the (M, n, d) array) and then all read it (broadcast).
@@ -101,8 +101,10 @@ def tile_size(d: int, precision: str = "fp64") -> int:
 
 
 def blocks(n: int, systems: int):
-    """The launch grid of the sums: (⌈n / THREADS⌉, M) blocks of THREADS threads."""
-    return ((n + THREADS - 1) // THREADS, systems), THREADS
+    """The launch grid of the sums: (⌈n / T⌉, M) blocks of T threads, T = THREADS, or the whole
+    warps that cover n when fewer (2048 systems of 32 tokens: one warp per system, not four)."""
+    threads = min(THREADS, 32 * ((n + 31) // 32))
+    return ((n + threads - 1) // threads, systems), threads
 
 
 @functools.cache

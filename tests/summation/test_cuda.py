@@ -50,6 +50,7 @@ def test_tile_fits_the_shared_memory():
             tile = device.tile_size(d, precision)
             assert 1 <= tile <= device.THREADS and tile * (d + 1) * size <= max(device.SHARED_BYTES, (d + 1) * size)
     assert device.blocks(1000, 7) == (((1000 + device.THREADS - 1) // device.THREADS, 7), device.THREADS)
+    assert device.blocks(20, 2048) == ((1, 2048), 32)  # one warp per system of 20 tokens
 
 
 def test_a_failed_allocation_is_a_one_line_memory_error(monkeypatch):
