@@ -754,7 +754,7 @@ def _resolve_backend(pt, noisy):
     from ..solvers.device import backend_for, device_problem  # imports numba.cuda: only when asked
 
     try:
-        backend_for(backend, device_problem(noisy, pt["mode"] == "quadrature"))
+        backend_for(backend, device_problem(noisy, pt["mode"] == "quadrature", scheme=pt["scheme"]))
     except ValueError as exc:
         raise ConfigError(f"[particles] backend: {exc}; use \"auto\" or \"cpu\"") from None
 

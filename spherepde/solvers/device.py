@@ -32,14 +32,19 @@ from ..summation.cuda import cuda
 from .guards import Guards
 from .timeline import segments
 
-__all__ = ["BACKENDS", "backend_for", "device_problem", "DeviceTokens"]
+__all__ = ["BACKENDS", "SCHEMES", "backend_for", "device_problem", "DeviceTokens"]
 
 BACKENDS = ("auto", "cpu", "cuda")
 STEP_THREADS = 32 if device_sums.SIMULATOR else 256  # tokens per block of the update kernels
 
 
-def device_problem(noise=False, carry_density=False, local_limit=False) -> str | None:
+SCHEMES = ("euler", "rk4")  # the fixed-step schemes of the device (adaptive steps are not here)
+
+
+def device_problem(noise=False, carry_density=False, local_limit=False, scheme="rk4") -> str | None:
     """Why a particle run cannot use the GPU (None when it can)."""
+    if scheme not in SCHEMES:
+        return f"scheme {scheme!r} is not on the GPU (only {', '.join(map(repr, SCHEMES))})"
     if noise:
         return "noise is not on the GPU"
     if carry_density:
@@ -109,6 +114,8 @@ class DeviceTokens:
     def __init__(self, shape, masses, scheme="rk4", precision="fp64"):
         if len(shape) != 3:
             raise ValueError(f"device tokens are (M, n, d), got shape {shape}")
+        if scheme not in SCHEMES:
+            raise ValueError(f"scheme must be one of {SCHEMES} on the GPU, got {scheme!r}")
         if precision not in device_sums.PRECISIONS:
             raise ValueError(f"precision must be one of {device_sums.PRECISIONS}, got {precision!r}")
         self.shape, self.scheme, self.precision = tuple(shape), scheme, precision

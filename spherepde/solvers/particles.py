@@ -219,7 +219,8 @@ class ParticleSolver:
             from .device import backend_for, device_problem
 
             local_limit = zero_temperature and not self.hardmax
-            self.backend = backend_for(backend, device_problem(self.noise is not None, self.carry_density, local_limit))
+            problem = device_problem(self.noise is not None, self.carry_density, local_limit, self.scheme)
+            self.backend = backend_for(backend, problem)
         self._masses = None  # (weights, λ, ln max μ) of the batched sum
         self._key = None
         self._use(0.0)

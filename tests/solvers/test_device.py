@@ -52,6 +52,8 @@ def test_backend_choice(monkeypatch):
     with pytest.raises(ValueError, match="noise is not on the GPU"):
         device.backend_for("cuda", problem)
     assert device.device_problem() is None
+    assert "scheme 'rk45' is not on the GPU" in device.device_problem(scheme="rk45")
+    assert device.backend_for("auto", device.device_problem(scheme="rk45")) == "cpu"
     with pytest.raises(ValueError, match="backend must be one of"):
         device.backend_for("gpu")
 
