@@ -11,7 +11,8 @@ Every failure ends with one line on stderr and an exit status:
   2 bad input: config, paths, an existing output without --overwrite, an output another run is
     writing, a run file that cannot be read or resumed; nothing is written
   3 a run guard stopped the run (non-finite or negative density, mass drift, CFL, step collapse):
-    the file keeps every snapshot and the state at failure as its last one
+    the file keeps every snapshot and the state at failure as its last one; or the memory ran
+    out (the GPU's for [particles] backend = "cuda": then before anything is written)
   4 writing the output failed (disk full, I/O error): the file keeps every complete snapshot
   130 interrupted (Ctrl-C), 143 terminated (SIGTERM): the file keeps every complete snapshot
   1 an unexpected error (a bug): Python's traceback; the file keeps every complete snapshot
@@ -176,6 +177,10 @@ def _run(args):
     except WriteError as exc:
         print(f"spherepde: error: {exc}", file=sys.stderr)
         return EXIT_WRITE
+    except MemoryError as exc:  # the GPU's (spherepde.summation.cuda.DeviceMemoryError) or the host's
+        kept = f"; complete snapshots kept in {path}" if path.exists() else ""
+        print(f"spherepde: run failed: {exc or 'out of memory'}{kept}", file=sys.stderr)
+        return EXIT_GUARD
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

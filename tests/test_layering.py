@@ -19,7 +19,7 @@ PACKAGES = {"version": 0, "geometry": 1, "models": 2, "summation": 3, "transport
             "solvers": 5, "analysis": 6, "visualization": 7, "runner": 8, "validation": 9, "cli": 10,
             "__main__": 11, "__init__": 11}
 # inside spherepde/summation: the same rule between its modules
-SUMMATION = {"fastmath": 0, "kernels": 1, "direct": 2, "batched": 2, "tree": 2, "harmonic": 2, "near_field": 2, "points": 2,
+SUMMATION = {"fastmath": 0, "kernels": 1, "direct": 2, "batched": 2, "cuda": 3, "tree": 2, "harmonic": 2, "near_field": 2, "points": 2,
              "clustered": 2, "field": 3, "heads": 4, "__init__": 5}
 
 

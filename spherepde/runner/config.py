@@ -58,7 +58,13 @@ A config has the sections
                    systems (M ≥ 1: M independent draws of the tokens, seeds seed … seed + M − 1,
                    advanced together; M > 1 runs the tokens alone), summation ("auto": one system
                    on S² uses the summation of the Eulerian solver, everything else the batched
-                   direct sum | "batched": always the batched direct sum)
+                   direct sum | "batched": always the batched direct sum), backend ("auto"
+                   (default): the GPU when numba sees one and the run can use it, else the CPU |
+                   "cpu" | "cuda": the tokens on the GPU, spherepde.solvers.device; refused without
+                   a visible GPU, with noise and for quadrature particles). The resolved config
+                   keeps the backend asked for, the run file's attribute particle_backend the one used.
+                   precision ("fp64" (default) | "fp32": the GPU's sums in single precision;
+                   needs backend = "cuda")
     [time]         t_end > 0, save_every in (0, t_end]
     [diagnostics]  p in (0, 1] (Lyapunov exponent), C0, C1 (optional constants of the bounds),
                    w2_nside (HEALPix level of the discrete OT when dim E > 1)
@@ -111,7 +117,7 @@ DEFAULTS = {
                  "tail_exclusion": 3.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
-                  "summation": "auto"},
+                  "summation": "auto", "backend": "auto", "precision": "fp64"},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
     "guards": {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12},
     "output": {"path": None},
@@ -129,6 +135,8 @@ BETA_RANGE = (1e-3, 1e6)
 # 4 ν dt / h² sparse products per step (spherepde.transport.diffusion), so beyond it a run only slows.
 NOISE_MAX = 1e3
 
+BACKENDS = ("auto", "cpu", "cuda")  # [particles] backend (spherepde.solvers.device.BACKENDS)
+PRECISIONS = ("fp64", "fp32")  # [particles] precision (spherepde.summation.cuda.PRECISIONS)
 MAX_DIMENSION = 4096
 MAX_SYSTEMS = 4096
 MAX_STATE = 2**26  # systems × n × d: one copy of the positions is at most 512 MiB
@@ -491,6 +499,7 @@ def resolve(raw: dict) -> dict:
     _resolve_time(cfg["time"], cfg["model"])
     if cfg["particles"] is not None:
         _resolve_particles(cfg["particles"], cfg["time"], cfg["model"]["dimension"], cfg["eulerian"]["enabled"])
+        _resolve_backend(cfg["particles"], noisy)
     _resolve_diagnostics(cfg["diagnostics"])
     _resolve_guards(cfg["guards"])
     _resolve_output(cfg["output"])
@@ -783,6 +792,28 @@ def _resolve_particles(pt, tm, d=3, eulerian=True):
         raise ConfigError(f'[particles] summation: must be "auto" or "batched", got {pt["summation"]!r}')
 
 
+def _resolve_backend(pt, noisy):
+    """[particles] backend: one of BACKENDS; "cuda" needs a GPU that numba sees and a run the
+    device solver runs (spherepde.solvers.device), checked here so that nothing is written."""
+    backend, precision = pt["backend"], pt["precision"]
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ConfigError(f"[particles] backend: must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}"
+                          f"{_did_you_mean(backend, BACKENDS)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"[particles] precision: must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    if precision != "fp64" and backend != "cuda":
+        raise ConfigError(f'[particles] precision: "{precision}" is an option of the GPU\'s sums: it needs backend = '
+                          f'"cuda", got backend = "{backend}"')
+    if backend != "cuda":
+        return
+    from ..solvers.device import backend_for, device_problem  # imports numba.cuda: only when asked
+
+    try:
+        backend_for(backend, device_problem(noisy, pt["mode"] == "quadrature", scheme=pt["scheme"]))
+    except ValueError as exc:
+        raise ConfigError(f"[particles] backend: {exc}; use \"auto\" or \"cpu\"") from None
+
+
 def _resolve_initial(table, d=3):
     kind = table.get("kind", "uniform")
     if not isinstance(kind, str) or kind not in INITIAL_KEYS:
@@ -845,6 +876,10 @@ ADDED_KEYS.update({("eulerian", "tails"): "finite_volume", ("eulerian", "tail_in
                    ("eulerian", "tail_level"): 1e-3, ("eulerian", "tail_exclusion"): 3.0})
 ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # any d and batched systems
                    ("particles", "summation"): "auto"})
+# the GPU backend came later: a file without the key ran on the CPU, as "auto" does without a GPU
+# (the run file's particle_backend attribute says which one a run used)
+ADDED_KEYS[("particles", "backend")] = "auto"
+ADDED_KEYS[("particles", "precision")] = "fp64"
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)

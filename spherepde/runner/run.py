@@ -212,7 +212,10 @@ def _particle_setup(config, model, law, mesh, noise):
         if not carry:
             log_f0 = None
     solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"],
-                            summation=pt.get("summation", "auto"))
+                            summation=pt.get("summation", "auto"), backend=pt.get("backend", "cpu"),
+                            precision=pt.get("precision", "fp64"))
+    if solver.backend == "cuda":  # the GPU's arrays now, before the file is opened (DeviceMemoryError)
+        solver.reserve_device(x0.shape, weights)
     return _Particles(solver, x0, weights, log_f0, rng_record)
 
 
@@ -349,9 +352,15 @@ class RunSetup:
         self.attrs.update({"particle_mode": pt["mode"], "particle_scheme": psolver.scheme,
                            "particle_dt": psolver.dt, "particle_hardmax": int(psolver.hardmax),
                            "particle_lyapunov_initial": self.pdiag.lyapunov0})
+        self.attrs["particle_backend"] = psolver.backend  # the one used ([particles] backend: the one asked for)
+        if psolver.backend == "cuda":
+            self.attrs["particle_device"] = psolver.device_name
         if self.token_layout:
+            summation = (f"fused direct sum on the GPU (spherepde.summation.cuda, {psolver.precision})"
+                         if psolver.backend == "cuda"
+                         else "batched direct sum (spherepde.summation.batched)")
             self.attrs.update({"particle_dimension": x0.shape[-1], "particle_systems": len(self.pdiag.systems),
-                               "particle_summation": "batched direct sum (spherepde.summation.batched)",
+                               "particle_summation": summation,
                                "cluster_rule": f"connected components of <x_i, x_j> >= {CLUSTER_THRESHOLD} "
                                                f"(the {CLUSTER_SLOTS} largest masses recorded)"})
         if self.noise is not None:
@@ -586,6 +595,10 @@ def _reopen(setup, path, point, times):
     entry = f"{timestamp()}: resumed from snapshot {point.index} (t = {times[point.index]:g})"
     if setup.config["guards"] != point.config.get("guards"):  # the one section that may change
         entry += f" with [guards] {json.dumps(setup.config['guards'])}"
+    if setup.particles:  # backend = "auto" may pick another one on another machine (same numbers to rounding)
+        used, before = setup.attrs["particle_backend"], point.attrs.get("particle_backend", "cpu")
+        if used != before:
+            entry += f" on the {used} backend (particle_backend = {before!r} before)"
     history = point.attrs.get("history", "")
     # a failure is forgotten; a file damaged where only a write reads it is refused here
     writer.begin_resume({"history": (history + "\n" if history else "") + entry}, delete=("failure", "failure_time"))

@@ -172,11 +172,16 @@ class ParticleSolver:
     (module docstring; system k of a batch uses seed + k). Noise refuses carry_density.
     summation: "auto" (one system on S²: spherepde.summation.attention_field; otherwise the
     batched direct sum) or "batched" (always the batched direct sum).
+    backend: "cpu", "cuda" (the tokens stay on the GPU between snapshots, spherepde.solvers.device;
+    the fused direct sum in precision "fp64" | "fp32"; ValueError without a GPU or for noise,
+    carried densities, the local β = ∞ limit) or "auto" (the GPU when numba sees one and the run
+    can use it); self.backend is the one used.
     Positions are (n, d) for one system or (M, n, d) for M systems (module docstring).
     """
 
     def __init__(self, model, scheme: str = "rk4", dt: float = 0.01, carry_density: bool = False,
-                 hardmax: bool | None = None, noise=None, seed: int = 0, summation: str = "auto"):
+                 hardmax: bool | None = None, noise=None, seed: int = 0, summation: str = "auto",
+                 backend: str = "cpu", precision: str = "fp64"):
         if scheme not in SCHEMES:
             raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
         if summation not in SUMMATIONS:
@@ -207,6 +212,15 @@ class ParticleSolver:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.seed = int(seed)
+        if precision not in ("fp64", "fp32"):
+            raise ValueError(f"precision must be 'fp64' or 'fp32', got {precision!r}")
+        self.backend, self.precision, self._device = "cpu", precision, None
+        if backend != "cpu":  # the GPU (spherepde.solvers.device), imported only when asked for
+            from .device import backend_for, device_problem
+
+            local_limit = zero_temperature and not self.hardmax
+            problem = device_problem(self.noise is not None, self.carry_density, local_limit, self.scheme)
+            self.backend = backend_for(backend, problem)
         self._masses = None  # (weights, λ, ln max μ) of the batched sum
         self._key = None
         self._use(0.0)
@@ -281,6 +295,37 @@ class ParticleSolver:
             velocity += v
         return velocity[0] if single else velocity
 
+    def reserve_device(self, shape, weights):
+        """The GPU arrays for positions of this shape ((n, d) or (M, n, d)) with these weights,
+        allocated now (a run calls it before its file is opened: no room on the GPU is then a
+        DeviceMemoryError before anything is written). backend "cuda" only."""
+        from .device import DeviceTokens
+
+        shape = tuple(shape) if len(shape) == 3 else (1, *shape)
+        weights = np.asarray(weights, dtype=float)
+        self._device = DeviceTokens(shape, weights, self.scheme, self.precision)
+        self._device_weights = weights
+
+    @property
+    def device_name(self) -> str:
+        """The GPU's name ("none" on the CPU backend)."""
+        from ..summation.cuda import device_name
+
+        return device_name() if self.backend == "cuda" else "none"
+
+    def _device_snapshots(self, x, w, times, first):
+        """Snapshots of the tokens advanced on the GPU (spherepde.solvers.device), as snapshots()."""
+        if (self._device is None or self._device.shape[1:] != x.shape[-2:]
+                or self._device.shape[0] != (x.shape[0] if x.ndim == 3 else 1)
+                or not np.array_equal(self._device_weights, w)):
+            self.reserve_device(x.shape, w)
+        device = self._device
+        before = device.evaluations
+        for k, t, positions in device.snapshots(x if x.ndim == 3 else x[None], self.schedule, self.dt, times, first):
+            self.evaluations += device.evaluations - before
+            before = device.evaluations
+            yield k, t, (positions if x.ndim == 3 else positions[0]), None
+
     # ------------------------------------------------------------------ steps
     def step(self, x, log_f, weights, dt):
         """One step of size dt; returns (x, log_f) (log_f None when not carried)."""
@@ -347,6 +392,9 @@ class ParticleSolver:
         first = 0 if resume_from is None else resume_from
         if resume_from is None:
             yield 0, float(times[0]), x, log_f
+        if self.backend == "cuda":
+            yield from self._device_snapshots(x, w, times, first)
+            return
         t = float(times[first])
         for k in range(first + 1, len(times)):
             j = 0  # the step's index within the snapshot interval: its noise stream
