@@ -303,6 +303,10 @@ def test_the_figures_of_an_interrupted_run_say_so(tmp_path, agg):
     assert note.startswith(f"partial run: stopped at t = {float(ds.time.values[-1]):g} of 1.5")
     assert "--resume" in note
     assert len(plot_run(out, tmp_path)) == 3
+    from spherepde.visualization.plots import density_maps, diagnostics_plot, sphere_figure
+
+    for make in (density_maps, diagnostics_plot, sphere_figure):  # the note heads every figure's title
+        assert make(ds)[0].get_suptitle().splitlines()[0] == note, make.__name__
     assert partial_note(open_run(run_config_text(tmp_path, "done", CONFIG))) is None
 
 
