@@ -21,9 +21,25 @@ import math
 
 import numpy as np
 
-__all__ = ["ProjectedGrid", "SpherePanels", "density_norm", "atom_sizes", "atom_markers", "atom_legend",
-           "mass_axis", "view_centre", "figure_title", "has_atoms", "atoms_at", "total_mass", "log_beta",
-           "DENSITY_LABEL", "ATOM_COLOUR", "ATOM_AREA", "ATOM_MIN_AREA"]
+__all__ = [
+    "ATOM_AREA",
+    "ATOM_COLOUR",
+    "ATOM_MIN_AREA",
+    "DENSITY_LABEL",
+    "ProjectedGrid",
+    "SpherePanels",
+    "atom_legend",
+    "atom_markers",
+    "atom_sizes",
+    "atoms_at",
+    "density_norm",
+    "figure_title",
+    "has_atoms",
+    "log_beta",
+    "mass_axis",
+    "total_mass",
+    "view_centre",
+]
 
 DENSITY_LABEL = "density f_t (sr⁻¹)"
 ATOM_COLOUR = "red"

@@ -30,7 +30,7 @@ from .maps import (
     view_centre,
 )
 
-__all__ = ["density_movie", "movie_frames", "movie_palette", "DEFAULT_MOVIE_FRAMES", "MOVIE_LEVELS"]
+__all__ = ["DEFAULT_MOVIE_FRAMES", "MOVIE_LEVELS", "density_movie", "movie_frames", "movie_palette"]
 
 DEFAULT_MOVIE_FRAMES = 200
 MOVIE_LEVELS = 200  # colours of the colour map in the movie (the rest of the 256 of a GIF palette: greys, reds)
@@ -131,7 +131,7 @@ def density_movie(ds, stem, max_frames=DEFAULT_MOVIE_FRAMES, fps=8, log=True, mp
         if video is not None:
             video.close()
     if gif:
-        stills[0].save(paths["gif"], save_all=True, append_images=stills[1:], duration=int(round(1000 / fps)),
+        stills[0].save(paths["gif"], save_all=True, append_images=stills[1:], duration=round(1000 / fps),
                        loop=0, optimize=False)
     return [paths[kind] for kind, wanted in (("mp4", mp4), ("gif", gif)) if wanted]
 

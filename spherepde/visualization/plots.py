@@ -363,12 +363,11 @@ def sphere_figure(ds, times=None, centre=None, log=True, label=DENSITY_LABEL):
 
     all_times = ds.time.values
     density = np.asarray(ds["density"].values, dtype=float)
+    lb = _log_beta(ds)
+    inside = math.isfinite(lb) and all_times[0] < lb < all_times[-1]
+    at_log_beta = int(np.abs(all_times - lb).argmin()) if inside else None  # the row labelled "≈ log β"
     if times is None:
-        idx = {0, all_times.size - 1}
-        lb = _log_beta(ds)
-        if math.isfinite(lb) and all_times[0] < lb < all_times[-1]:
-            idx.add(int(np.abs(all_times - lb).argmin()))
-        idx = sorted(idx)
+        idx = sorted({0, all_times.size - 1} | ({at_log_beta} if inside else set()))
     else:
         idx = [int(np.abs(all_times - t).argmin()) for t in times]
     if centre is None:
@@ -385,7 +384,8 @@ def sphere_figure(ds, times=None, centre=None, log=True, label=DENSITY_LABEL):
         if r:  # the column titles once, on the top row
             for ax in row:
                 ax.set_title("")
-        row[0].text(-0.03, 0.5, f"t = {all_times[k]:.3g}{atom_text(masses, sep=chr(10))}",
+        when = f"t = {all_times[k]:.3g}" + (" ≈ log β" if k == at_log_beta else "")
+        row[0].text(-0.03, 0.5, f"{when}{atom_text(masses, sep=chr(10))}",
                     transform=row[0].transAxes, rotation=90, ha="right", va="center", fontsize=9,
                     fontweight="bold")
         fig.colorbar(panels.images[0], ax=list(row), orientation="vertical", fraction=0.025, pad=0.01,

@@ -342,7 +342,7 @@ def test_sphere_figure_shows_the_snapshot_at_log_beta(atom_run, agg):
     _, axes = sphere_figure(ds)
     assert axes.shape == (3, 3)
     labels = [ax.texts[0].get_text().split("\n")[0] for ax in axes[:, 0]]
-    assert labels == ["t = 0", "t = 0.75", "t = 1.5"]
+    assert labels == ["t = 0", "t = 0.75 ≈ log β", "t = 1.5"]
 
 
 def test_gif_has_no_palette_banding(tmp_path, agg):
