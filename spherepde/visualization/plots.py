@@ -195,10 +195,6 @@ def token_histogram(ds, nside=TOKEN_NSIDE):
 
 
 
-def _log_beta(ds):
-    return log_beta(ds)
-
-
 class AtomEvent(NamedTuple):
     """Atoms created or merged between snapshots k − 1 and k (time: that of snapshot k)."""
     index: int
@@ -333,7 +329,7 @@ def _particle_diagnostics(ds, axes, fig, t, beta):
 
 def _finish_panels(ds, axes, fig, t):
     """t = log β and the atom events marked, labels, grid, legends, title and caption."""
-    lb = _log_beta(ds)
+    lb = log_beta(ds)
     events = atom_events(ds)
     for ax in axes:
         if math.isfinite(lb) and t[0] <= lb <= t[-1]:
@@ -363,7 +359,7 @@ def sphere_figure(ds, times=None, centre=None, log=True, label=DENSITY_LABEL):
 
     all_times = ds.time.values
     density = np.asarray(ds["density"].values, dtype=float)
-    lb = _log_beta(ds)
+    lb = log_beta(ds)
     inside = math.isfinite(lb) and all_times[0] < lb < all_times[-1]
     at_log_beta = int(np.abs(all_times - lb).argmin()) if inside else None  # the row labelled "≈ log β"
     if times is None:
