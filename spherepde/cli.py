@@ -68,22 +68,26 @@ def build_parser():
         "plot", help="plot a run file: density maps, sphere views, diagnostics (and a movie)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Writes, for RUN.nc, into DIR:\n"
-        "  RUN_density.png      Mollweide maps of up to six snapshots\n"
-        "  RUN_diagnostics.png  alignment, W2 and density-bound time series\n"
+        "  RUN_density.png      Mollweide maps of up to six snapshots, one colour scale\n"
+        "  RUN_diagnostics.png  alignment, W2 and density-bound time series; t = log beta and\n"
+        "                       the atom events (atoms created or merged) marked, a caption line\n"
         "  RUN_sphere.png       first snapshot, the one nearest t = log beta, last: a Mollweide map\n"
-        "                       beside the two orthographic hemispheres centred on +-a, a = the\n"
-        "                       axis of the last snapshot's mass\n"
-        "                       (leading eigenvector of its second moment, towards its mean)\n"
+        "                       beside the two orthographic hemispheres centred on +-c, c between\n"
+        "                       the mass axes of the E-phase and of the last snapshot (the last\n"
+        "                       one's when they are within 30 degrees); a colour scale per row\n"
         "and with --movie:\n"
-        "  RUN_movie.gif        the density over time, one frame per snapshot (at most --frames,\n"
+        "  RUN_movie.mp4        the density over time, one frame per snapshot (at most --frames,\n"
         "                       evenly spaced, first and last included), the same three panels\n"
-        "  RUN_movie.mp4        the same, when ffmpeg is on the PATH\n"
-        "One colour scale per figure or movie (logarithmic when the density spans more than a\n"
-        "decade); atoms (point masses) drawn as red points whose area grows with their mass.")
+        "                       (H.264, ffmpeg from the imageio-ffmpeg wheel)\n"
+        "  RUN_movie.gif        the same frames, for viewers without video (a fixed palette from\n"
+        "                       the colour map: no banding)\n"
+        "Every figure is titled with beta, the initial law, nside and the spherepde version. Colour\n"
+        "scales are logarithmic when the density spans more than a decade; atoms (point masses)\n"
+        "are drawn as red discs of area proportional to their mass, with a size key.")
     plot.add_argument("run_file", help="NetCDF file written by `spherepde run`")
     plot.add_argument("-o", "--out", help="output directory (default: next to the run file)")
     plot.add_argument("--movie", action="store_true",
-                      help="also write an animation of the density: GIF, and MP4 where ffmpeg is present")
+                      help="also write an animation of the density: MP4 and GIF")
     plot.add_argument("--frames", type=int, default=None, metavar="N",
                       help="most frames of the movie: longer runs are subsampled evenly "
                       f"(default {DEFAULT_MOVIE_FRAMES})")

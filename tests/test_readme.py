@@ -115,6 +115,26 @@ def test_quick_start_writes_the_run_file_and_plots(quick_start):
     assert "quickstart_density.png" in pngs and "quickstart_diagnostics.png" in pngs
 
 
+def test_quick_start_shows_both_phases(quick_start):
+    """The main job tells the paper's two phases: concentration on E (alignment with E near 1
+    around t = log β), then the move to F (alignment with F overtakes it before t_end), and the
+    figures mark the atom events; both as the README's Quick start paragraph says."""
+    import math
+
+    from spherepde.analysis.metrics import f_phase_onset, max_alignment
+    from spherepde.storage.runfile import open_run
+
+    ds = open_run(quick_start / "results" / "quickstart.nc")
+    peak, when = max_alignment(ds)
+    log_beta = float(ds.attrs["log_beta"])
+    assert peak > 0.99 and log_beta - 1 < when < log_beta + 2, (peak, when)
+    onset = f_phase_onset(ds)
+    assert math.isfinite(onset) and when < onset < float(ds.time.values[-1]), onset
+    assert ds["alignment_F"].values[-1] > 0.99
+    quick = README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert f"{peak:.3f}" in quick and f"t = {when:g}" in quick and f"{onset:.2f}" in quick
+
+
 @pytest.mark.parametrize("index", range(len(fenced_blocks(README.read_text(), "python"))))
 def test_readme_python_snippets_run(quick_start, index):
     code = fenced_blocks(README.read_text(), "python")[index]
