@@ -47,7 +47,7 @@ import numpy as np
 
 from .guards import RunFailure
 
-__all__ = ["EmbeddedPair", "PAIRS", "StepControl", "AdaptiveStepper", "STEP_STATE", "STEP_FLOOR"]
+__all__ = ["EmbeddedPair", "PAIRS", "StepControl", "AdaptiveStepper", "embedded_step", "STEP_STATE", "STEP_FLOOR"]
 
 # the controller's state per system, saved per snapshot (spherepde.storage.schema.ADAPTIVE_META)
 STEP_STATE = ("step_size", "error_memory", "steps", "steps_rejected")
@@ -127,6 +127,32 @@ def _combine(coefficients, stages):
         if c != 0.0:
             total = c * k if total is None else total + c * k
     return total
+
+
+def embedded_step(pair: EmbeddedPair, x, log_f, dt, field, first=None):
+    """One step of the pair from positions x (m, n, d) (log-densities log_f (m, n) or None) with
+    steps dt (m,): (x₁, x̂₁, g₁ or None, g₁ − ĝ₁ or None, (k_s, div_s) the last stage) as in the
+    module docstring. field(X) → (v (m, n, d), div (m, n) or None) at stage points X; first: the
+    first stage (k₁, div₁) when known (FSAL), else evaluated at x."""
+    v, div = field(x) if first is None else first
+    ks, divs = [v], [div]
+    scale = dt[:, None, None]
+    x_new = None
+    for i in range(1, pair.stages):
+        stage = _normalise(x + scale * _combine(pair.a[i], ks))
+        if pair.fsal and i == pair.stages - 1:
+            x_new = stage  # the last stage is the solution (a_s = b): the same arithmetic
+        v, div = field(stage)
+        ks.append(v)
+        divs.append(div)
+    if x_new is None:
+        x_new = _normalise(x + scale * _combine(pair.b, ks))
+    x_hat = _normalise(x + scale * _combine(pair.b_hat, ks))
+    g_new = g_diff = None
+    if log_f is not None:  # d log f/dt = −div v(x(t)): no stages of log f itself
+        g_new = log_f - dt[:, None] * _combine(pair.b, divs)
+        g_diff = -dt[:, None] * _combine([b - bh for b, bh in zip(pair.b, pair.b_hat)], divs)
+    return x_new, x_hat, g_new, g_diff, (ks[-1], divs[-1])
 
 
 class StepControl:
@@ -240,25 +266,12 @@ class AdaptiveStepper:
         lands = rest <= LAND * h_prop
         dt = np.where(lands, rest, h_prop)
         ts = t[idx]
-        xa = x[idx]
-        k0, d0 = self._first_stage(x, log_f, t, idx, field, key)
-        ks, divs = [k0], [d0]
-        scale = dt[:, None, None]
-        x_new = None
-        for i in range(1, pair.stages):
-            stage = _normalise(xa + scale * _combine(pair.a[i], ks))
-            if pair.fsal and i == pair.stages - 1:
-                x_new = stage  # the last stage is the solution (a_s = b)
-            v, div = field(stage, ts, True)
-            ks.append(v)
-            divs.append(div)
-        if x_new is None:
-            x_new = _normalise(xa + scale * _combine(pair.b, ks))
-        x_hat = _normalise(xa + scale * _combine(pair.b_hat, ks))
+        first = self._first_stage(x, log_f, t, idx, field, key)
+        x_new, x_hat, g_new, g_diff, last = embedded_step(pair, x[idx], None if log_f is None else log_f[idx], dt,
+                                                          lambda stage: field(stage, ts, True), first)
         err = np.max(np.linalg.norm(x_new - x_hat, axis=-1), axis=-1)
         if log_f is not None:
-            diff = [b - bh for b, bh in zip(pair.b, pair.b_hat)]
-            err = np.maximum(err, np.max(np.abs(dt[:, None] * _combine(diff, divs)), axis=-1))
+            err = np.maximum(err, np.max(np.abs(g_diff), axis=-1))
         err = err / (self.atol + self.rtol)
         accepted = err <= 1.0  # NaN: rejected
         shortened = lands & (dt < h_prop)
@@ -268,12 +281,12 @@ class AdaptiveStepper:
         if done.size:
             x[done] = x_new[accepted]
             if log_f is not None:
-                log_f[done] = log_f[done] - dt[accepted, None] * _combine(pair.b, [d[accepted] for d in divs])
+                log_f[done] = g_new[accepted]
             t[done] = np.where(lands[accepted], t1, t[done] + dt[accepted])
             if pair.fsal:  # the last stage is the field at the new x, under the step's model
-                self._k1[done] = ks[-1][accepted]
+                self._k1[done] = last[0][accepted]
                 if log_f is not None:
-                    self._div1[done] = divs[-1][accepted]
+                    self._div1[done] = last[1][accepted]
                 # (its key stays that of the step's start: a switch at t1 makes it stale)
             else:
                 for i in done:
