@@ -22,6 +22,15 @@ Time steppers (fixed dt, shortened to land on every save time and every switch t
 - "rk4": classical Runge–Kutta on (x, log f), stages evaluated at normalised points, the update
   normalised (a projection method: fourth order on the sphere).
 
+Adaptive steps (spherepde.solvers.adaptive): "dopri5" (Dormand–Prince 5(4)) and "bs32"
+(Bogacki–Shampine 3(2)) are embedded pairs applied in the same projected way, with error control:
+a step is accepted when the largest chordal distance between the two solutions (and |Δ log f| for
+carried densities) is at most atol + rtol, and a PI controller picks the next step. dt is the
+first step; steps land exactly on every save and switch time. Each system of a batch has its own
+steps (system k repeats the single run of its tokens bitwise); the controller's state after a
+snapshot (step_state()) is what a resumed run needs. Noise is refused with them (the error
+estimate would be the drift's alone).
+
 Noise (a spherepde.models.noise.NoiseSchedule ν(t)): the tokens follow dX = v dt + √(2ν) dW on S² (generator
 νΔ_S plus the drift), whose law solves ∂_t f + div_S(f v) = νΔ_S f. Each step is the drift step of
 the scheme above followed by a geodesic random walk step (Lie splitting):
@@ -168,7 +177,8 @@ class ParticleSolver:
     """Move weighted particles in their own attention field.
 
     model: an AttentionModel, a MultiHeadModel, a Schedule or a callable t ↦ (B, V, β)
-    (module docstring). scheme "euler" | "rk4"; dt the step; carry_density: also integrate log f
+    (module docstring). scheme "euler" | "rk4" (fixed step dt) | "dopri5" | "bs32" (adaptive: dt the
+    first step, rtol and atol the tolerance of the error norm); carry_density: also integrate log f
     along the paths (needs the divergence: not available for hardmax tokens). hardmax: at β = ∞
     use the token hardmax rule (True) or the local mean-field limit (False, required with
     carry_density), for every head at β = ∞.
