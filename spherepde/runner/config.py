@@ -443,8 +443,9 @@ def resolve(raw: dict) -> dict:
     _resolve_eulerian(cfg["eulerian"], given["eulerian"], cfg["model"], noisy, cfg["particles"])
     _resolve_time(cfg["time"], cfg["model"])
     if cfg["particles"] is not None:
+        zero_temperature = any(math.isinf(beta) for _, beta, _ in _heads_for_checks(cfg["model"]))
         _resolve_particles(cfg["particles"], cfg["time"], cfg["model"]["dimension"], cfg["eulerian"]["enabled"],
-                           noisy)
+                           noisy, zero_temperature)
     _resolve_diagnostics(cfg["diagnostics"])
     _resolve_guards(cfg["guards"])
     _resolve_output(cfg["output"])
@@ -704,7 +705,7 @@ def _resolve_noise(model) -> bool:
     return not NoiseSchedule(model["noise"], schedule, model["noise_time"], model["noise_breakpoints"]).is_zero
 
 
-def _resolve_particles(pt, tm, d=3, eulerian=True, noisy=False):
+def _resolve_particles(pt, tm, d=3, eulerian=True, noisy=False, zero_temperature=False):
     if pt["mode"] not in ("tokens", "quadrature"):
         raise ConfigError(f'[particles] mode: must be "tokens" or "quadrature", got {pt["mode"]!r}')
     if pt["mode"] == "quadrature" and d != 3:
@@ -721,6 +722,10 @@ def _resolve_particles(pt, tm, d=3, eulerian=True, noisy=False):
     if pt["scheme"] in ADAPTIVE_SCHEMES and noisy:
         raise ConfigError(f'[particles] scheme: the adaptive scheme {pt["scheme"]!r} takes no noise ([model] noise '
                           '> 0; its error control sees the drift alone): use "euler" or "rk4"')
+    if pt["scheme"] in ADAPTIVE_SCHEMES and zero_temperature and pt["mode"] == "tokens":
+        raise ConfigError(f'[particles] scheme: the adaptive scheme {pt["scheme"]!r} needs a smooth field, but tokens '
+                          'at beta = "inf" follow the hardmax rule, whose argmax switches and chatters (steps '
+                          'collapse to ~1e-5): use "rk4"')
     pt["rtol"] = _number("particles", "rtol", pt["rtol"], low=0.0, high=TOLERANCE_MAX)
     pt["atol"] = _number("particles", "atol", pt["atol"], low=0.0, high=TOLERANCE_MAX)
     if not TOLERANCE_MIN <= pt["rtol"] + pt["atol"] <= TOLERANCE_MAX:

@@ -201,7 +201,7 @@ def test_the_controller():
     assert control.h[2] == pytest.approx(1.0)  # shortened to land: the proposal stays
 
 
-def test_the_adaptive_schemes_refuse_noise_and_bad_tolerances():
+def test_the_adaptive_schemes_refuse_noise_hardmax_tokens_and_bad_tolerances():
     from spherepde.models.noise import NoiseSchedule
 
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
@@ -209,6 +209,8 @@ def test_the_adaptive_schemes_refuse_noise_and_bad_tolerances():
         ParticleSolver(model, "dopri5", noise=NoiseSchedule(0.1))
     with pytest.raises(ValueError, match="rtol"):
         ParticleSolver(model, "bs32", rtol=0.0, atol=0.0)
+    with pytest.raises(ValueError, match="smooth field"):
+        ParticleSolver(AttentionModel(PAPER_B, PAPER_V, math.inf), "dopri5")
 
 
 # ---------------------------------------------------------------------- runs
@@ -262,13 +264,14 @@ BAD = [
     ("particles.atol=0.5", "[particles] atol"),
     ("particles.rtol=0.0", "[particles] rtol"),
     ("model.noise=0.1", "[particles] scheme"),
+    ('model.beta="inf"', "[particles] scheme"),
 ]
 
 
 @pytest.mark.parametrize("change, key", BAD)
 def test_bad_adaptive_input_exits_2(tmp_path, capsys, change, key):
     """One line naming the key, exit 2, no file: an unknown scheme, a negative rtol, atol above
-    0.1, rtol + atol = 0, noise with an adaptive scheme."""
+    0.1, rtol + atol = 0, noise with an adaptive scheme, hardmax tokens (β = inf)."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text(RUN.format(extra=""))
     assert main(["run", str(cfg), "-o", str(tmp_path / "bad.nc"), "--set", change]) == 2
