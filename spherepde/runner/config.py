@@ -54,7 +54,10 @@ A config has the sections
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
                    around an atom kept by the finite volumes, [0, 8])
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
-                   Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4"), dt,
+                   Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4": fixed step
+                   dt | "dopri5" | "bs32": embedded pairs with error control, dt the first step,
+                   rtol and atol (>= 0, 1e-14 <= atol + rtol <= 0.1) the tolerance of the error
+                   norm, no noise; spherepde.solvers.adaptive),
                    systems (M ≥ 1: M independent draws of the tokens, seeds seed … seed + M − 1,
                    advanced together; M > 1 runs the tokens alone), summation ("auto": one system
                    on S² uses the summation of the Eulerian solver, everything else the batched
@@ -93,6 +96,7 @@ from ..models.attention import UNSCALED_EXPONENT_MAX
 from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
+from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
 from .build import build_initial_law, build_model
 
 __all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference"]
@@ -119,7 +123,7 @@ DEFAULTS = {
                  "tail_exclusion": 3.0},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
-                  "summation": "auto", "backend": "auto", "precision": "fp64"},
+                  "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
     "diagnostics": {"p": 0.25, "C0": None, "C1": None, "w2_nside": 8},
     "guards": {"mass_tolerance": 1e-10, "negative_tolerance": 1e-14, "dt_floor": 1e-12},
     "output": {"path": None},
@@ -139,6 +143,10 @@ NOISE_MAX = 1e3
 
 BACKENDS = ("auto", "cpu", "cuda")  # [particles] backend (spherepde.solvers.device.BACKENDS)
 PRECISIONS = ("fp64", "fp32")  # [particles] precision (spherepde.summation.cuda.PRECISIONS)
+# [particles] rtol + atol: below 1e-14 the error norm is round-off; above 0.1 (a chord of 0.1
+# per step on the unit sphere) it controls nothing
+TOLERANCE_MIN, TOLERANCE_MAX = 1e-14, 0.1
+
 MAX_DIMENSION = 4096
 MAX_SYSTEMS = 4096
 MAX_STATE = 2**26  # systems × n × d: one copy of the positions is at most 512 MiB
@@ -500,7 +508,9 @@ def resolve(raw: dict) -> dict:
     _resolve_eulerian(cfg["eulerian"], given["eulerian"], cfg["model"], noisy, cfg["particles"])
     _resolve_time(cfg["time"], cfg["model"])
     if cfg["particles"] is not None:
-        _resolve_particles(cfg["particles"], cfg["time"], cfg["model"]["dimension"], cfg["eulerian"]["enabled"])
+        zero_temperature = any(math.isinf(beta) for _, beta, _ in _heads_for_checks(cfg["model"]))
+        _resolve_particles(cfg["particles"], cfg["time"], cfg["model"]["dimension"], cfg["eulerian"]["enabled"],
+                           noisy, zero_temperature)
         _resolve_backend(cfg["particles"], noisy)
     _resolve_diagnostics(cfg["diagnostics"])
     _resolve_guards(cfg["guards"])
@@ -761,7 +771,7 @@ def _resolve_noise(model) -> bool:
     return not NoiseSchedule(model["noise"], schedule, model["noise_time"], model["noise_breakpoints"]).is_zero
 
 
-def _resolve_particles(pt, tm, d=3, eulerian=True):
+def _resolve_particles(pt, tm, d=3, eulerian=True, noisy=False, zero_temperature=False):
     if pt["mode"] not in ("tokens", "quadrature"):
         raise ConfigError(f'[particles] mode: must be "tokens" or "quadrature", got {pt["mode"]!r}')
     if pt["mode"] == "quadrature" and d != 3:
@@ -773,8 +783,20 @@ def _resolve_particles(pt, tm, d=3, eulerian=True):
     seed = pt["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"[particles] seed: must be an integer >= 0, got {seed!r}")
-    if pt["scheme"] not in ("euler", "rk4"):
-        raise ConfigError(f'[particles] scheme: must be "euler" or "rk4", got {pt["scheme"]!r}')
+    if pt["scheme"] not in SCHEMES:
+        raise ConfigError(f'[particles] scheme: must be one of {", ".join(map(repr, SCHEMES))}, got {pt["scheme"]!r}')
+    if pt["scheme"] in ADAPTIVE_SCHEMES and noisy:
+        raise ConfigError(f'[particles] scheme: the adaptive scheme {pt["scheme"]!r} takes no noise ([model] noise '
+                          '> 0; its error control sees the drift alone): use "euler" or "rk4"')
+    if pt["scheme"] in ADAPTIVE_SCHEMES and zero_temperature and pt["mode"] == "tokens":
+        raise ConfigError(f'[particles] scheme: the adaptive scheme {pt["scheme"]!r} needs a smooth field, but tokens '
+                          'at beta = "inf" follow the hardmax rule, whose argmax switches and chatters (steps '
+                          'collapse to ~1e-5): use "rk4"')
+    pt["rtol"] = _number("particles", "rtol", pt["rtol"], low=0.0, high=TOLERANCE_MAX)
+    pt["atol"] = _number("particles", "atol", pt["atol"], low=0.0, high=TOLERANCE_MAX)
+    if not TOLERANCE_MIN <= pt["rtol"] + pt["atol"] <= TOLERANCE_MAX:
+        raise ConfigError(f"[particles] rtol: rtol + atol must be in [{TOLERANCE_MIN:g}, {TOLERANCE_MAX:g}] (the "
+                          f"error norm's unit), got {pt['rtol']:g} + {pt['atol']:g}")
     pt["dt"] = _number("particles", "dt", pt["dt"], positive=True)
     if pt["dt"] > tm["save_every"]:
         raise ConfigError(f"[particles] dt: must be <= save_every = {tm['save_every']:g}, got {pt['dt']:g}")
@@ -882,6 +904,7 @@ ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # an
 # (the run file's particle_backend attribute says which one a run used)
 ADDED_KEYS[("particles", "backend")] = "auto"
 ADDED_KEYS[("particles", "precision")] = "fp64"
+ADDED_KEYS.update({("particles", "rtol"): 1e-6, ("particles", "atol"): 0.0})  # adaptive steps came later
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)

@@ -52,6 +52,7 @@ from ..analysis.diagnostics import (
 from ..analysis.systems import CLUSTER_SLOTS, CLUSTER_THRESHOLD, SystemDiagnostics
 from ..geometry.mesh import HealpixMesh
 from ..models.heads import CONVENTION, theory_objects
+from ..solvers.adaptive import STEP_STATE
 from ..solvers.controller import SolverState
 from ..solvers.eulerian import EulerianSolver
 from ..solvers.guards import Guards, RunFailure
@@ -67,6 +68,7 @@ from ..storage.runfile import (
     timestamp,
 )
 from ..storage.schema import (
+    ADAPTIVE_META,
     ATOM_ARRAYS,
     ATOM_DIAGNOSTICS,
     ATOM_META,
@@ -213,7 +215,7 @@ def _particle_setup(config, model, law, mesh, noise):
             log_f0 = None
     solver = ParticleSolver(model, pt["scheme"], pt["dt"], carry_density=carry, noise=noise, seed=pt["seed"],
                             summation=pt.get("summation", "auto"), backend=pt.get("backend", "cpu"),
-                            precision=pt.get("precision", "fp64"))
+                            precision=pt.get("precision", "fp64"), rtol=pt.get("rtol", 1e-6), atol=pt.get("atol", 0.0))
     if solver.backend == "cuda":  # the GPU's arrays now, before the file is opened (DeviceMemoryError)
         solver.reserve_device(x0.shape, weights)
     return _Particles(solver, x0, weights, log_f0, rng_record)
@@ -363,6 +365,15 @@ class RunSetup:
                                "particle_summation": summation,
                                "cluster_rule": f"connected components of <x_i, x_j> >= {CLUSTER_THRESHOLD} "
                                                f"(the {CLUSTER_SLOTS} largest masses recorded)"})
+        if psolver.adaptive:  # the controller's state per snapshot (per system when batched)
+            if self.batched:
+                self.arrays.update({k: ((SYSTEM_DIM,), f"per system: {ln}", u) for k, (ln, u) in ADAPTIVE_META.items()})
+            else:
+                self.variables.update(ADAPTIVE_META)
+            self.attrs.update({"particle_rtol": psolver.rtol, "particle_atol": psolver.atol,
+                               "particle_step_control": ("embedded pair, error = max over particles of the chordal "
+                                                         "distance (and |Δ log f|) / (atol + rtol), PI controller; "
+                                                         "particle_dt is the first step")})
         if self.noise is not None:
             # its random streams come from [particles] seed, in the config attribute
             self.attrs["particle_noise_scheme"] = ("geodesic random walk after each drift step (weak order 1), "
@@ -502,6 +513,13 @@ class RunSetup:
                 values["w2_eulerian_particles"] = w2_binned(points, weights, x, pweights,
                                                             nside=self.config["diagnostics"]["w2_nside"])
             values["particle_field_evaluations"] = psolver.evaluations
+            state = psolver.step_state()
+            if state is not None:
+                for name, value in state.items():
+                    if self.batched:
+                        arrays[f"particle_{name}"] = value.astype(float)
+                    else:
+                        values[f"particle_{name}"] = float(value[0])
             arrays["positions"] = x
             if log_f is not None:
                 density = np.exp(log_f)
@@ -573,6 +591,7 @@ class _Start(NamedTuple):
     eulerian: SolverState | None = None
     positions: np.ndarray | None = None
     log_density: np.ndarray | None = None
+    step_state: dict | None = None  # of an adaptive particle scheme
 
 
 def _reopen(setup, path, point, times):
@@ -592,6 +611,9 @@ def _reopen(setup, path, point, times):
         setup.particles.solver.evaluations = int(records[-1]["particle_field_evaluations"])
         start = start._replace(positions=point.arrays["positions"],
                                log_density=point.arrays.get("particle_log_density"))
+        if setup.particles.solver.adaptive:  # the step-size controller's state at the snapshot
+            saved = point.arrays if setup.batched else records[-1]
+            start = start._replace(step_state={name: saved[f"particle_{name}"] for name in STEP_STATE})
     entry = f"{timestamp()}: resumed from snapshot {point.index} (t = {times[point.index]:g})"
     if setup.config["guards"] != point.config.get("guards"):  # the one section that may change
         entry += f" with [guards] {json.dumps(setup.config['guards'])}"
@@ -615,7 +637,7 @@ def _advance(setup, writer, times, records, start, bar, snapshot_log):
             particle_iter = psolver.snapshots(x0, weights, times, log_f0)
         else:
             particle_iter = psolver.snapshots(start.positions, weights, times, start.log_density,
-                                              resume_from=start.index)
+                                              resume_from=start.index, step_state=start.step_state)
     if setup.eulerian:
         states = ((t, f, rec, next(particle_iter)[2:] if particle_iter is not None else None)
                   for _, t, f, rec in setup.solver.snapshots(setup.f0, times, start=start.eulerian,

@@ -17,7 +17,7 @@ __all__ = ["CELL_DIM", "OLD_CELL_DIM", "CELL_INDEX_ATTRS", "TIME_ATTRS", "DENSIT
            "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "ATOM_DIAGNOSTICS",
            "TAIL_META", "TAIL_ARRAYS", "DIAGNOSTIC_META", "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS",
            "CARRIED_ARRAYS", "PARTICLE_WEIGHTS", "component_dim", "particle_arrays", "TOKEN_META", "TOKEN_CLUSTER_MASS",
-           "SYSTEM_DIM", "CLUSTER_DIM"]
+           "SYSTEM_DIM", "CLUSTER_DIM", "ADAPTIVE_META"]
 
 # ---------------------------------------------------------------------- the grid and time
 CELL_DIM = "cell"  # what uxarray (from_healpix's face_dim), easygems and CDO's own output use
@@ -191,3 +191,11 @@ CARRIED_ARRAYS = {
     "particle_log_density": (("particle",), "log of the carried density", "1"),
 }
 PARTICLE_WEIGHTS = ("particle_weights", ("particle",), "particle weights (mass)", "1")
+# per snapshot with an adaptive particle scheme (spherepde.solvers.adaptive): the step-size
+# controller's state (what --resume reads back) and its counts; per system when batched
+ADAPTIVE_META = {
+    "particle_step_size": ("the step-size controller's next step (its state)", "1"),
+    "particle_error_memory": ("the controller's memory: max(error ratio of the last accepted step, 1e-4)", "1"),
+    "particle_steps": ("accepted adaptive steps since t = 0", "1"),
+    "particle_steps_rejected": ("rejected adaptive steps since t = 0", "1"),
+}
