@@ -21,7 +21,7 @@ import scipy.linalg
 from ..geometry.mesh import HealpixMesh
 from .diagnostics import MeasureDiagnostics
 
-__all__ = ["max_alignment", "f_phase_onset", "u_curve_minimum", "value_at", "series", "regular_snapshots",
+__all__ = ["max_alignment", "f_phase_onset", "onset_of", "u_curve_minimum", "value_at", "series", "regular_snapshots",
            "principal_axis", "cell_quadrature_measure", "zero_temperature_push", "zero_temperature_reference",
            "ONSET_TOL"]
 
@@ -67,6 +67,12 @@ def f_phase_onset(ds, prefix="", tol=ONSET_TOL):
     (the save time itself when d > tol already at the maximum). NaN if it does not happen."""
     t, e = series(ds, "alignment_E", prefix)
     _, f = series(ds, "alignment_F", prefix)
+    return onset_of(t, e, f, tol)
+
+
+def onset_of(t, e, f, tol=ONSET_TOL):
+    """f_phase_onset on arrays: save times t, alignments e with E and f with F."""
+    t, e, f = (np.asarray(a, dtype=float) for a in (t, e, f))
     if not np.any(np.isfinite(e)):
         return math.nan
     k0 = int(np.nanargmax(e))

@@ -37,8 +37,7 @@ import time
 
 import numpy as np
 
-__all__ = ["main", "check", "check_steps", "throughput", "ensembles", "largest_n", "flops_per_pair", "PEAK",
-           "f_onset"]
+__all__ = ["main", "check", "check_steps", "throughput", "ensembles", "largest_n", "flops_per_pair", "PEAK"]
 
 # H200 (SXM) peaks without tensor cores, operations per second (the kernel uses none): fp64 34
 # TFLOP/s (67 with fp64 tensor cores, which a softmax sum cannot use), fp32 67 TFLOP/s
@@ -139,26 +138,13 @@ def throughput(sizes, d=3, systems=1, beta=30.0, precisions=("fp64", "fp32"), bu
     return rows
 
 
-def f_onset(t, e, f, tol=1e-9):
-    """spherepde.analysis.metrics.f_phase_onset on arrays: the first zero of f − e after the
-    maximum of e (linear between save times), NaN if none."""
-    k0 = int(np.argmax(e))
-    d = f - e
-    for k in range(k0, t.size):
-        if d[k] > tol:
-            if k == k0:
-                return float(t[k])
-            t0, t1, d0, d1 = t[k - 1], t[k], d[k - 1], d[k]
-            return float(min(max(t0 + (t1 - t0) * (-d0) / (d1 - d0), t0), t1))
-    return math.nan
-
-
 def ensembles(n=2000, systems=8, t_end=20.0, save_every=0.1, precisions=("fp64", "fp32"), betas=BETAS, laws=LAWS,
               warm=True, deadline=math.inf):
     """{(precision, law, β): (seconds, F-onsets (M,), max alignment with E (M,))}: the paper's
     token ensembles on the device, seeds 1 … M batched (as the sweeps' seeds 1 … 8), each case
     in every precision before the next. warm: the kernels are compiled by untimed short runs
     first. No case starts after `deadline` (time.perf_counter())."""
+    from ..analysis.metrics import onset_of
     from ..models.attention import AttentionModel
     from ..runner.build import build_initial_law
     from ..solvers.particles import ParticleSolver, token_systems
@@ -186,7 +172,7 @@ def ensembles(n=2000, systems=8, t_end=20.0, save_every=0.1, precisions=("fp64",
                     f.append(np.mean(x[..., 1] ** 2, axis=-1))  # with F = span e₂
                 seconds = time.perf_counter() - start
                 e, f = np.array(e), np.array(f)
-                onsets = np.array([f_onset(np.asarray(times), e[:, k], f[:, k]) for k in range(systems)])
+                onsets = np.array([onset_of(np.asarray(times), e[:, k], f[:, k]) for k in range(systems)])
                 out[(precision, law_name, beta)] = (seconds, onsets, e.max(axis=0))
     return out
 

@@ -47,7 +47,7 @@ from ..summation import attention_field, mesh_sources
 from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from .common import REPO
 
-__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "coupled_f_onset", "log_state_f_onset", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
+__all__ = ["tail_errors", "exact_cell_averages", "zero_temperature_run", "semi_lagrangian_run", "zero_temperature_field_of", "coupled_f_onset", "log_state_f_onset", "SL_STEPS", "run_suite", "TAIL_LEVEL", "TIMES", "PAPER_B", "PAPER_V"]
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -121,6 +121,16 @@ def zero_temperature_run(nside, scheme="muscl", times=TIMES, atoms=True, **optio
 SL_STEPS = (0.1, 0.2)  # Δt of the semi-Lagrangian prototype
 
 
+def zero_temperature_field_of(M):
+    """(s, x) ↦ (v, div_S v) of the exact β = ∞ field for B orthogonal: v = P_x(Mx),
+    div_S v = tr M − 3xᵀMx (docs/theory.md#formulas-and-exact-solutions), written out, not summed."""
+    def field(s, x):
+        u = x @ M.T
+        return u - np.sum(u * x, axis=1, keepdims=True) * x, np.trace(M) - 3.0 * np.sum(x * u, axis=1)
+
+    return field
+
+
 def semi_lagrangian_run(nside, dt, times=TIMES):
     """{t: statistics} of the semi-Lagrangian transport of log f (spherepde.transport.semi_lagrangian)
     at β = ∞ from the uniform law, with the exact local field v = P_x(Mx), div_S v = tr M − 3xᵀMx
@@ -129,11 +139,7 @@ def semi_lagrangian_run(nside, dt, times=TIMES):
     mesh = HealpixMesh(nside)
     M = PAPER_V @ PAPER_B.T
     interpolant = QuadraticInterpolant(mesh)
-
-    def field(s, x):
-        u = x @ M.T
-        return u - np.sum(u * x, axis=1, keepdims=True) * x, np.trace(M) - 3.0 * np.sum(x * u, axis=1)
-
+    field = zero_temperature_field_of(M)
     g = np.full(mesh.npix, -math.log(4 * math.pi))
     start = time.perf_counter()
     out = {}

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import scipy.linalg
+from run_configs import PAPER_VMF_CONFIG
 from run_helpers import ROUND_OFF, interrupt_after, one_numba_thread, run_difference  # noqa: F401 (autouse: one numba thread)
 
 from spherepde.analysis.exact import zero_temperature_density
@@ -214,17 +215,7 @@ def test_the_adaptive_schemes_refuse_noise_hardmax_tokens_and_bad_tolerances():
 
 
 # ---------------------------------------------------------------------- runs
-RUN = """
-[model]
-beta = 10.0
-V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
-B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
-
-[initial]
-kind = "vmf"
-mu = [0.6, 0.0, 0.8]
-kappa = 3.0
-
+RUN = PAPER_VMF_CONFIG.replace("{", "{{").replace("}", "}}") + """
 [eulerian]
 enabled = false
 

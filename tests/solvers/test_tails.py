@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-import scipy.linalg
 from run_configs import PAPER_VMF_CONFIG
 from run_helpers import ROUND_OFF, interrupt_after, run_difference
 
@@ -22,7 +21,7 @@ from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.solvers.tails import coupling_times
 from spherepde.storage.runfile import open_run
 from spherepde.transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
-from spherepde.validation.tails import exact_cell_averages
+from spherepde.validation.tails import exact_cell_averages, zero_temperature_field_of
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
 PAPER_B = np.diag([-1.0, -1.0, 1.0])
@@ -111,12 +110,8 @@ def test_g_is_the_characteristics_log_density(zero_temperature):
     orthogonal), the same for any state: g is the semi-Lagrangian transport in that exact field,
     written out here, outside the cells near the atoms (where g is reset to log f)."""
     mesh, model, out = zero_temperature
-    M = PAPER_V @ PAPER_B.T
     interpolant = QuadraticInterpolant(mesh)
-
-    def field(s, x):
-        u = x @ M.T
-        return u - np.sum(u * x, axis=1, keepdims=True) * x, np.trace(M) - 3.0 * np.sum(x * u, axis=1)
+    field = zero_temperature_field_of(PAPER_V @ PAPER_B.T)
 
     g = np.full(mesh.npix, -math.log(4 * math.pi))
     for n in range(20):  # to t = 2 in couplings of 0.1

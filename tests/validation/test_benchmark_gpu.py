@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import xarray as xr
 from cuda_simulator import ROOT, TESTS
 
-from spherepde.analysis.metrics import f_phase_onset
+from spherepde.analysis.metrics import f_phase_onset, onset_of
 from spherepde.summation import cuda as device_sums
 from spherepde.validation import benchmark_gpu
 
@@ -38,8 +39,9 @@ def test_smoke_run_in_the_simulator():
 
 
 def test_onset_is_the_metrics_onset():
-    """The benchmark's array form of the F-onset against f_phase_onset on a Dataset, for curves
-    with an onset between save times, at the maximum, and none."""
+    """The array form of the F-onset the benchmark uses (metrics.onset_of) against f_phase_onset on
+    a Dataset, for curves with an onset between save times, at the maximum, and none; and against
+    a crossing known exactly."""
     t = np.linspace(0.0, 10.0, 41)
     cases = [(1 - np.exp(-t), 0.2 + 0.1 * t),
              (np.where(t < 3, t / 3, 1.0), np.where(t < 3, 0.0, 2.0)),
@@ -47,6 +49,10 @@ def test_onset_is_the_metrics_onset():
     for e, f in cases:
         ds = xr.Dataset({"alignment_E": ("time", e), "alignment_F": ("time", f)}, coords={"time": t})
         expected = f_phase_onset(ds)
-        got = benchmark_gpu.f_onset(t, e, f)
+        got = onset_of(t, e, f)
         assert (math.isnan(expected) and math.isnan(got)) or got == expected
+    # piecewise linear: E = 1 until t = 2, then 1 − 0.1(t − 2); F = 0.1 t: they cross at t = 6
+    assert onset_of(t, np.minimum(1.0, 1.0 - 0.1 * (t - 2.0)), 0.1 * t) == pytest.approx(6.0, abs=1e-12)
+    t_off = t + 0.1  # the crossing between two save times: linear interpolation finds it exactly
+    assert onset_of(t_off, np.minimum(1.0, 1.0 - 0.1 * (t_off - 2.0)), 0.1 * t_off) == pytest.approx(6.0, abs=1e-12)
     assert benchmark_gpu.flops_per_pair(3) == 18
