@@ -1,6 +1,7 @@
 """The phase diagram of Geshkovski, Letrouit, Polyanskiy & Rigollet, "A mathematical perspective
 on Transformers" (arXiv 2312.10794; code borjanG/2023-transformers-rotf, phase-diagrams.py):
-`spherepde validate rotf --out DIR [--quick]` writes DIR/rotf.md and DIR/phase_diagram.png.
+`spherepde validate rotf --out DIR [--quick]` writes DIR/rotf.md, DIR/phase_diagram.png and the
+numbers behind them, DIR/rotf.nc.
 
 Setting (theirs): n = 32 tokens drawn uniformly on S^{d−1} (X/|X|, X ~ N(0, I_d)), Q = K = V = I_d,
 so B = QᵀK = I and V = I, normalised (softmax) attention, d ∈ {2, 8, 128}, many independent
@@ -41,7 +42,7 @@ from .common import beta_text
 
 __all__ = ["N_TOKENS", "DIMENSIONS", "BETAS", "T_END", "SAVES", "SYSTEMS", "RTOL", "QUICK", "span_coordinates",
            "uniform_systems", "clustered_fraction", "fraction_series", "crossing_times", "half_time_interval",
-           "phase_diagram", "two_token_link_time", "figure", "report", "run_suite"]
+           "phase_diagram", "two_token_link_time", "figure", "dataset", "report", "run_suite"]
 
 N_TOKENS = 32
 DIMENSIONS = (2, 8, 128)
@@ -172,6 +173,14 @@ def two_token_link_time(c0, beta, threshold=CLUSTER_THRESHOLD):
     return value
 
 
+def _edges(centres, log=False):
+    """Cell edges around grid centres (midpoints; geometric midpoints for log), the ends mirrored."""
+    c = np.log(centres) if log else np.asarray(centres, dtype=float)
+    mid = (c[1:] + c[:-1]) / 2
+    e = np.concatenate([[2 * c[0] - mid[0]], mid, [2 * c[-1] - mid[-1]]])
+    return np.exp(e) if log else e
+
+
 def figure(result, path):
     """One panel per d: t across, β up (log), colour the mean clustered fraction, a contour at ½."""
     import matplotlib
@@ -185,18 +194,34 @@ def figure(result, path):
                              layout="constrained")
     image = None
     for ax, d, frac in zip(axes[0], dims, result["fraction"]):
-        image = ax.pcolormesh(times, betas, frac, shading="nearest", cmap="RdBu_r", vmin=0.0, vmax=1.0,
+        image = ax.pcolormesh(_edges(times), _edges(betas, log=True), frac, cmap="RdBu_r", vmin=0.0, vmax=1.0,
                               rasterized=True)
         ax.contour(times, betas, frac, levels=[LEVEL], colors="k", linewidths=1.5)
         ax.set_yscale("log")
-        ax.set_xlabel("t")
-    axes[0, 0].set_ylabel("β")
-    fig.colorbar(image, ax=axes[0].tolist(), label="fraction of clustered pairs (⟨xᵢ,xⱼ⟩ ≥ 0.999)")
-    for ax, d in zip(axes[0], dims):
-        ax.set_title(f"d = {d} ({result['systems'][d]} systems)")
-    fig.suptitle(f"n = {result['n']} tokens uniform on S^(d−1), B = V = I; black line: fraction ½")
+        ax.set_xlabel("$t$")
+        ax.set_title(f"$d = {d}$ ({result['systems'][d]} systems)")
+    axes[0, 0].set_ylabel(r"$\beta$")
+    fig.colorbar(image, ax=axes[0].tolist(), label=r"fraction of pairs with $\langle x_i, x_j\rangle \geq 0.999$")
+    fig.suptitle(f"$n = {result['n']}$ tokens uniform on $S^{{d-1}}$, $B = V = I$; black line: fraction 1/2")
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def dataset(result):
+    """The numbers behind the figure and the table as an xarray Dataset (written as rotf.nc)."""
+    import xarray as xr
+
+    dims, betas = result["dimensions"], result["betas"]
+    half = np.array([[result["half"][(d, b)] for b in betas] for d in dims])  # (D, B, 3)
+    return xr.Dataset(
+        {"clustered_fraction": (("dimension", "beta", "time"), result["fraction"],
+                                {"long_name": "fraction of pairs with <x_i, x_j> >= 0.999, mean over systems"}),
+         "half_time": (("dimension", "beta"), half[..., 0], {"long_name": "time the mean fraction reaches 1/2"}),
+         "half_time_low": (("dimension", "beta"), half[..., 1], {"long_name": "2.5 % bootstrap percentile"}),
+         "half_time_high": (("dimension", "beta"), half[..., 2], {"long_name": "97.5 % bootstrap percentile"}),
+         "systems": (("dimension",), [result["systems"][d] for d in dims])},
+        coords={"dimension": list(dims), "beta": betas, "time": result["times"]},
+        attrs={"n_tokens": result["n"], "rtol": result["rtol"], "B": "identity", "V": "identity"})
 
 
 def _time_text(t):
@@ -276,7 +301,8 @@ def _observations(result):
 
 
 def run_suite(out, quick=False, progress=True):
-    """Write OUT/rotf.md and OUT/phase_diagram.png (quick: QUICK's systems, β grid and saves)."""
+    """Write OUT/rotf.md, OUT/phase_diagram.png and OUT/rotf.nc (quick: QUICK's systems, β grid
+    and saves)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = (lambda m: print(m, flush=True)) if progress else None
@@ -285,6 +311,7 @@ def run_suite(out, quick=False, progress=True):
     result = phase_diagram(say=say, **options)
     wall = time.perf_counter() - start
     figure(result, out / "phase_diagram.png")
+    dataset(result).to_netcdf(out / "rotf.nc")
     command = f"spherepde validate rotf{' --quick' if quick else ''}"
     (out / "rotf.md").write_text(report(result, wall, command))
     return result

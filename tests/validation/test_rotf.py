@@ -110,5 +110,5 @@ def test_the_suite_on_a_tiny_grid(tmp_path):
     finally:
         rotf.QUICK = original
     text = (tmp_path / "rotf.md").read_text()
-    assert (tmp_path / "phase_diagram.png").stat().st_size > 10_000
+    assert (tmp_path / "phase_diagram.png").stat().st_size > 10_000 and (tmp_path / "rotf.nc").is_file()
     assert text.count("| 128 | ") == 2 and "B = QᵀK = I and V = I" in text
