@@ -42,7 +42,7 @@ from .common import beta_text
 
 __all__ = ["N_TOKENS", "DIMENSIONS", "BETAS", "T_END", "SAVES", "SYSTEMS", "RTOL", "QUICK", "span_coordinates",
            "uniform_systems", "clustered_fraction", "fraction_series", "crossing_times", "half_time_interval",
-           "phase_diagram", "two_token_link_time", "figure", "dataset", "report", "run_suite"]
+           "phase_diagram", "step_check", "two_token_link_time", "figure", "dataset", "report", "run_suite"]
 
 N_TOKENS = 32
 DIMENSIONS = (2, 8, 128)
@@ -56,6 +56,7 @@ QUICK = {"systems": {2: 128, 8: 128, 128: 64}, "betas": tuple(float(b) for b in 
          "saves": 31}
 LEVEL = 0.5  # the contour drawn and the crossing time tabled
 BOOTSTRAP = 400  # resamples of the systems for the interval of the crossing of the mean fraction
+CHECK = {"d": 8, "beta": 4.71, "systems": 512, "rtol": 1e-7}  # the time-step check: a slow transition, tighter rtol
 
 
 def span_coordinates(x):
@@ -161,6 +162,23 @@ def phase_diagram(dimensions=DIMENSIONS, betas=BETAS, systems=SYSTEMS, saves=SAV
     return result
 
 
+def step_check(d, beta, systems, times, n=N_TOKENS, seed=0, rtol=RTOL, tight=CHECK["rtol"]):
+    """The same systems (the first `systems` draws of phase_diagram for d) at rtol and at a tighter
+    tolerance: {"d", "beta", "systems", "rtol", "tight", "max_fraction_change" (over times and
+    systems), "max_half_change" (per-system crossing times, finite ones), "same_censoring",
+    "evaluations" (rtol, tight)}."""
+    x0 = uniform_systems(systems, n, d, seed + d)
+    loose, ev_loose = fraction_series(x0, beta, times, rtol)
+    strict, ev_strict = fraction_series(x0, beta, times, tight)
+    a, b = crossing_times(times, loose), crossing_times(times, strict)
+    both = np.isfinite(a) & np.isfinite(b)
+    return {"d": d, "beta": beta, "systems": systems, "rtol": rtol, "tight": tight,
+            "max_fraction_change": float(np.abs(loose - strict).max()),
+            "max_half_change": float(np.abs(a - b)[both].max()) if both.any() else 0.0,
+            "same_censoring": bool(np.array_equal(np.isfinite(a), np.isfinite(b))),
+            "evaluations": (ev_loose, ev_strict)}
+
+
 def two_token_link_time(c0, beta, threshold=CLUSTER_THRESHOLD):
     """The time at which two tokens with ⟨x₁, x₂⟩ = c0 < threshold reach ⟨x₁, x₂⟩ = threshold
     (B = V = I, normalised attention; module docstring), by quadrature."""
@@ -264,6 +282,15 @@ def report(result, wall, command):
                          f"{_time_text(q[0])} [{_time_text(q[1])}, {_time_text(q[2])}] | "
                          f"{np.mean(np.isfinite(own)):.1%} | {result['evaluations'][(d, beta)]} | "
                          f"{result['seconds'][(d, beta)]:.1f} |")
+    check = result.get("check")
+    if check is not None:
+        lines += ["", "## Time-step check", "",
+                  f"d = {check['d']}, β = {check['beta']:.3g} (a slow transition), the first {check['systems']} systems "
+                  f"again at rtol {check['tight']:g} ({check['evaluations'][1]} field evaluations) against rtol "
+                  f"{check['rtol']:g} ({check['evaluations'][0]}): largest change of a system's clustered fraction at "
+                  f"a save time {check['max_fraction_change']:.3g}, of a system's crossing time "
+                  f"{check['max_half_change']:.3g}; the same systems cross by t_end: "
+                  f"{'yes' if check['same_censoring'] else 'no'}."]
     lines += ["", "## What the picture shows", "", *_observations(result), ""]
     return "\n".join(lines)
 
@@ -309,6 +336,9 @@ def run_suite(out, quick=False, progress=True):
     options = QUICK if quick else {"systems": SYSTEMS, "betas": BETAS, "saves": SAVES}
     start = time.perf_counter()
     result = phase_diagram(say=say, **options)
+    beta = min(options["betas"], key=lambda b: abs(math.log(b / CHECK["beta"])))
+    result["check"] = step_check(CHECK["d"], beta, min(CHECK["systems"], options["systems"][CHECK["d"]]),
+                                 result["times"])
     wall = time.perf_counter() - start
     figure(result, out / "phase_diagram.png")
     dataset(result).to_netcdf(out / "rotf.nc")

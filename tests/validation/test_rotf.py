@@ -112,3 +112,4 @@ def test_the_suite_on_a_tiny_grid(tmp_path):
     text = (tmp_path / "rotf.md").read_text()
     assert (tmp_path / "phase_diagram.png").stat().st_size > 10_000 and (tmp_path / "rotf.nc").is_file()
     assert text.count("| 128 | ") == 2 and "B = QᵀK = I and V = I" in text
+    assert "## Time-step check" in text and "the same systems cross by t_end: yes" in text
