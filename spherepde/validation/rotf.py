@@ -38,7 +38,6 @@ import numpy as np
 from ..analysis.systems import CLUSTER_THRESHOLD, clustered_pair_counts
 from ..models.attention import AttentionModel
 from ..solvers.particles import ParticleSolver
-from .common import beta_text
 
 __all__ = ["N_TOKENS", "DIMENSIONS", "BETAS", "T_END", "SAVES", "SYSTEMS", "RTOL", "QUICK", "span_coordinates",
            "uniform_systems", "clustered_fraction", "fraction_series", "crossing_times", "half_time_interval",
@@ -65,7 +64,7 @@ def span_coordinates(x):
     rounding. Returns x unchanged when d ≤ n. Exact for rotation-invariant fields (module
     docstring)."""
     x = np.asarray(x, dtype=float)
-    m, n, d = x.shape
+    n, d = x.shape[1:]
     if d <= n:
         return x
     r = np.linalg.qr(np.swapaxes(x, 1, 2), mode="r")  # (M, n, n): x_kᵀ = Q_k R_k

@@ -8,8 +8,15 @@ from run_helpers import one_numba_thread  # noqa: F401 (autouse: one numba threa
 from scipy.integrate import solve_ivp
 
 from spherepde.analysis.systems import CLUSTER_THRESHOLD, clustered_pair_counts
-from spherepde.validation.rotf import (crossing_times, fraction_series, phase_diagram, run_suite, span_coordinates,
-                                       two_token_link_time, uniform_systems)
+from spherepde.validation.rotf import (
+    crossing_times,
+    fraction_series,
+    phase_diagram,
+    run_suite,
+    span_coordinates,
+    two_token_link_time,
+    uniform_systems,
+)
 
 
 def test_two_token_link_time_solves_the_angle_ode():
@@ -19,7 +26,7 @@ def test_two_token_link_time_solves_the_angle_ode():
         def hit(t, c):
             return c[0] - CLUSTER_THRESHOLD
         hit.terminal = True
-        sol = solve_ivp(lambda t, c: 2 * (1 - c ** 2) / (1 + np.exp(beta * (1 - c))), (0, 1e4), [c0],
+        sol = solve_ivp(lambda t, c, b=beta: 2 * (1 - c ** 2) / (1 + np.exp(b * (1 - c))), (0, 1e4), [c0],
                         events=hit, rtol=1e-11, atol=1e-13)
         assert abs(sol.t_events[0][0] - two_token_link_time(c0, beta)) < 1e-6 * sol.t_events[0][0]
 
@@ -100,7 +107,7 @@ def test_the_suite_on_a_tiny_grid(tmp_path):
     assert 0 < lo <= t <= hi < 12
     assert np.isinf(result["half"][(8, 20.0)][0])
 
-    import spherepde.validation.rotf as rotf
+    from spherepde.validation import rotf
 
     small = {"systems": {2: 8, 8: 8, 128: 4}, "betas": (0.5, 20.0), "saves": 7}
     original = rotf.QUICK
