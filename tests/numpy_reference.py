@@ -333,3 +333,11 @@ def threshold_components(x, threshold):
         counts.append(count)
         labels.append(np.array([first[c] for c in lab]))
     return np.array(counts), np.array(labels)
+
+
+def clustered_pair_counts(x, threshold):
+    """(M,): per system the number of pairs i < j with ⟨x_i, x_j⟩ ≥ threshold, from the Gram
+    matrix (n × n: small n only)."""
+    gram = np.einsum("kid,kjd->kij", x, x)
+    upper = np.triu(np.ones(gram.shape[1:], dtype=bool), k=1)
+    return np.sum((gram >= threshold) & upper, axis=(1, 2))

@@ -97,7 +97,7 @@ def test_validate_without_suites_means_all_of_them(monkeypatch, tmp_path):
     for name in SUITES:
         monkeypatch.setattr(importlib.import_module(f"spherepde.validation.{name}"), "run_suite", fake(name))
     assert cli.main(["validate", "--out", str(tmp_path / "all")]) == 0
-    assert ran == list(DEFAULT) == ["transport", "exact", "lagrangian", "paper", "atoms", "tails", "variants"]
+    assert ran == list(DEFAULT) == ["transport", "exact", "lagrangian", "paper", "atoms", "tails", "variants", "rotf"]
     ran.clear()
     assert cli.main(["validate", "atoms", "noise", "--out", str(tmp_path / "one")]) == 0
     assert ran == ["atoms", "noise"]

@@ -7,6 +7,8 @@ interaction energy, and the measure diagnostics of each system.
   the clusters are tight and apart). threshold_components finds them exactly by union–find over
   every pair: O(n² d) time per system (about one field evaluation), O(n) memory, no n × n array.
   The masses of the CLUSTER_SLOTS largest clusters are recorded, decreasing (0 in unused slots).
+  clustered_pair_counts counts the linked pairs themselves (i < j), the statistic whose fraction
+  of the n(n−1)/2 pairs the rotf phase diagrams colour: O(n² d) time per system, no n × n array.
 - Energy: (1/β) ln ∬ e^{β⟨x, By⟩} dρ(x) dρ(y), the interaction energy ½β⁻¹∬e^{β⟨x,By⟩}dρdρ of
   the rotf papers on a log scale (the energy itself overflows at large β). Its log-partition
   sums come from spherepde.summation.batched (one extra O(n²) sum per snapshot). Defined for one
@@ -29,7 +31,7 @@ from ..storage.schema import TOKEN_CLUSTER_MASS
 from ..summation.batched import batched_softmax, log2_masses, source_rows
 from .diagnostics import MeasureDiagnostics
 
-__all__ = ["CLUSTER_THRESHOLD", "CLUSTER_SLOTS", "threshold_components", "cluster_masses", "interaction_energy",
+__all__ = ["CLUSTER_THRESHOLD", "CLUSTER_SLOTS", "threshold_components", "clustered_pair_counts", "cluster_masses", "interaction_energy",
            "SystemDiagnostics"]
 
 CLUSTER_THRESHOLD = 0.999
@@ -75,6 +77,23 @@ def threshold_components(x, threshold, labels):
                 c += 1
         counts[k] = c
     return counts
+
+
+@njit(cache=True, parallel=True)
+def clustered_pair_counts(x, threshold, counts):
+    """counts[k] = #{(i, j): i < j, ⟨x_i, x_j⟩ ≥ threshold} in each system k of x (M, n, d);
+    counts (M,) int64, written."""
+    nsys, n, d = x.shape
+    for k in prange(nsys):
+        c = 0
+        for i in range(n):
+            for j in range(i + 1, n):
+                s = 0.0
+                for q in range(d):
+                    s += x[k, i, q] * x[k, j, q]
+                if s >= threshold:
+                    c += 1
+        counts[k] = c
 
 
 def cluster_masses(labels, weights, slots=CLUSTER_SLOTS):

@@ -45,6 +45,8 @@ SUITES = {s.name: s for s in (
     Suite("noise", "noise.md", "diffusion on the mesh and Brownian particles", ("quick", "slow", "nsides"),
           part_of="variants"),
     Suite("heads", "heads.md", "several heads and layer-wise weights", ("quick",), part_of="variants"),
+    Suite("rotf", "rotf.md", "the rotf phase diagram: clustered pairs of n = 32 tokens against β and t, d = 2, 8, 128",
+          ("quick",)),
 )}
 DEFAULT = tuple(name for name, s in SUITES.items() if s.part_of is None)
 
