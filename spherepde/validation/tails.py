@@ -449,12 +449,13 @@ def _summary_of(rows):
             "E_end": rows[-1]["E"], "F_end": rows[-1]["F"]}
 
 
-def hybrid_report(out, nsides, beta=30.0, cache=None, say=print):
+def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True):
     """OUT/hybrid.md: the paper's question at β with the tails in the solver, per mesh and variant
     (HYBRID_VARIANTS): F-onset, max alignment with E, max alignment with F after it and its time, the time
     the heaviest atom reaches |x₂| = ½ (the companion metric), the alignments at t = 20, and the
     wall time. Every run is kept as JSON in `cache` (default OUT/hybrid_runs) and reused, so an
-    interrupted study continues where it stopped."""
+    interrupted study continues where it stopped; run_missing=False writes the table of the runs
+    already kept, the others marked "not run yet"."""
     import json
 
     out = Path(out)
@@ -466,6 +467,9 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print):
             key = cache / f"beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}.json"
             if key.exists():
                 result = json.loads(key.read_text())
+            elif not run_missing:
+                lines.append(f"| {n} | {name} | not run yet | | | | | |")
+                continue
             else:
                 result = hybrid_series(n, beta, options, say=say)
                 key.write_text(json.dumps(result))
@@ -496,11 +500,13 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=str(REPO / "validation" / "reports" / "tails"))
     parser.add_argument("--hybrid", action="store_true",
                         help="instead: the paper's question at beta = 30 with the tails in the solver (hybrid.md)")
+    parser.add_argument("--cached", action="store_true",
+                        help="with --hybrid: the table of the runs already kept, without running the others")
     parser.add_argument("--coupling", action="store_true",
                         help="instead: the F-onset at beta = 30 of the coupled tails and the log-density state (coupling.md)")
     args = parser.parse_args()
     if args.hybrid:
-        print(hybrid_report(args.out, args.nside))
+        print(hybrid_report(args.out, args.nside, run_missing=not args.cached))
     elif args.coupling:
         print(coupling_report(args.out, args.nside))
     else:
