@@ -360,7 +360,8 @@ def write_report(out, results, todo, quick, info=()):
                 for label, value, source in mf[key]:
                     me = next((v for lab, v, _ in mf["max_E"] if lab == label), None)
                     w2 = next((v for lab, v, _ in mf["w2_min"] if lab == label), None)
-                    lines.append(f"| mean field: {label} ({source}) | {_fmt(value, 2)} | — | {_fmt(me, 4)} | "
+                    onset = "none by t = 20" if value is None else _fmt(value, 2)  # the reports' runs: t ≤ 20
+                    lines.append(f"| mean field: {label} ({source}) | {onset} | — | {_fmt(me, 4)} | "
                                  f"{_fmt(w2, 4)} | | |")
             if not mf["onset"]:
                 lines.append("| mean field | not in the committed reports | | | | | |")
@@ -373,11 +374,12 @@ def write_report(out, results, todo, quick, info=()):
 
 
 def run_suite(out, quick=False, progress=True, cache=None, ns=None, betas=None, budget_s=None, run=True,
-              systems=SYSTEMS):
+              systems=SYSTEMS, notes=()):
     """Run (or reuse) the cells and write OUT/finite_n.md with OUT/onset_vs_n.png. cache: the run
     files' folder (default OUT/runs); ns, betas: override the lists (default: QUICK_* with quick,
     else DEFAULT_NS, BETAS); budget_s: start no new cell after that many seconds; run=False:
-    report from the files in the cache only. Returns the report path."""
+    report from the files in the cache only; notes: lines added to "What was run". Returns the
+    report path."""
     from .paper import machine
 
     say = (lambda msg: print(msg, flush=True)) if progress else (lambda msg: None)
@@ -391,14 +393,17 @@ def run_suite(out, quick=False, progress=True, cache=None, ns=None, betas=None, 
     results = {c: cell_metrics(cell_path(cache, c)) for c in todo}
     done = sum(m["state"] == "complete" for m in results.values())
     flags = " --quick" if quick else ""
+    walls = sum(m["wall"] for m in results.values() if m["state"] == "complete")
+    how = (f"this call took {time.perf_counter() - t0:.0f} s" if run else
+           "this call read the run files only (`--report-only`)")
     info = [f"- command: `spherepde validate finite_n{flags} --out DIR` (or `python -m spherepde.validation.finite_n`); "
-            f"this call took {time.perf_counter() - t0:.0f} s on {machine()}, shared with other jobs",
+            f"{how}, on {machine()}, shared with other jobs; the complete cells' run wall times sum to {walls:.0f} s",
             f"- {done} of {len(todo)} cells complete; run files under `{cache}` (not part of the report), one "
             f"per cell, reused when complete and resumed when interrupted",
             "- wall (s): each run file's `wall_seconds` on the shared 2-core host (loaded: not a benchmark)",
             "- the mean-field rows are read from the committed reports: validation/reports/atoms/atoms.md where it "
             "has the case (finest mesh of its nside 16 / 32 / 64 runs), else validation/reports/paper/report.md "
-            "(nside 16); at β ≥ 30 the mean field is not converged in the mesh (issue 37, DESIGN.md §9)"]
+            "(nside 16); at β ≥ 30 the mean field is not converged in the mesh (issue 37, DESIGN.md §9)"] + list(notes)
     report = write_report(out, results, todo, quick, info)
     say(f"  report {report} ({done} of {len(todo)} cells complete)")
     return report
@@ -414,9 +419,10 @@ def main(argv=None):
     parser.add_argument("--beta", type=float, nargs="+", help="override the list of β")
     parser.add_argument("--budget", type=float, help="start no new cell after this many seconds")
     parser.add_argument("--report-only", action="store_true", help="run nothing: report the cache")
+    parser.add_argument("--note", action="append", default=[], help="a line added to the report's 'What was run'")
     args = parser.parse_args(argv)
     run_suite(args.out, args.quick, cache=args.cache, ns=args.n, betas=args.beta, budget_s=args.budget,
-              run=not args.report_only)
+              run=not args.report_only, notes=[f"- {note}" for note in args.note])
     return 0
 
 
