@@ -288,7 +288,7 @@ def figure(results, path, betas):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(betas), figsize=(4.6 * len(betas), 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(betas), figsize=(4.6 * len(betas), 4.2), squeeze=False)
     colors = {"projected_normal": "C0", "vmf": "C1"}
     for ax, beta in zip(axes[0], betas):
         for law in LAWS:
@@ -304,12 +304,16 @@ def figure(results, path, betas):
             if mf and mf[0] is not None:
                 ax.axhline(mf[0], ls="--", color=colors[law], lw=1, label=f"{law} (mean field, particles)")
         ax.set_xscale("log")
+        ticks = sorted({c.n for c in results if c.beta == beta})
+        ax.set_xticks(ticks, [str(n) for n in ticks], rotation=45 if len(ticks) > 4 else 0)
+        ax.minorticks_off()
         ax.set_xlabel("n (tokens per system)")
         ax.set_title(f"β = {beta_text(beta)}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("F-onset (mean ± 95 %, 8 seeds)")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
