@@ -3,7 +3,8 @@
 
 Each suite is a module of spherepde.validation with a `run_suite(out, ...)` that writes its report
 into `out`; the registry says which of the options quick, slow and nsides it takes. Suites marked
-`part_of="variants"` run inside the variants suite (and alone by name).
+`part_of="variants"` run inside the variants suite (and alone by name); suites marked
+`in_default=False` (hours long) run only when named.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Suite(NamedTuple):
     options: tuple = ()  # which of "quick", "slow", "nsides" its run_suite takes
     quick_nsides: bool = False  # --quick gives it QUICK_NSIDES unless --nside is given
     part_of: str | None = None  # run by that suite, not by a bare `spherepde validate`
+    in_default: bool = True  # False: run only when named (a study of hours)
 
 
 SUITES = {s.name: s for s in (
@@ -47,8 +49,10 @@ SUITES = {s.name: s for s in (
     Suite("heads", "heads.md", "several heads and layer-wise weights", ("quick",), part_of="variants"),
     Suite("rotf", "rotf.md", "the rotf phase diagram: clustered pairs of n = 32 tokens against β and t, d = 2, 8, 128",
           ("quick",)),
+    Suite("finite_n", "finite_n.md", "tokens against n (500 … 32 000, 8 seeds batched) beside the mean field",
+          ("quick",), in_default=False),
 )}
-DEFAULT = tuple(name for name, s in SUITES.items() if s.part_of is None)
+DEFAULT = tuple(name for name, s in SUITES.items() if s.part_of is None and s.in_default)
 
 
 def run(name, out, quick=False, slow=False, nsides=None, progress=True):
@@ -76,7 +80,7 @@ def _power_of_two(text):
 def add_arguments(parser):
     """The arguments of `spherepde validate` (also `python -m spherepde.validation`)."""
     names = ", ".join(DEFAULT)
-    parts = ", ".join(name for name, s in SUITES.items() if s.part_of)
+    parts = ", ".join(name for name, s in SUITES.items() if s.part_of or not s.in_default)
     # no choices= here: argparse checks a '*' positional's default list against them as one value
     parser.add_argument("suites", nargs="*", metavar="SUITE",
                         help=f"any of: {names} (default: these, in this order); also {parts} alone")
