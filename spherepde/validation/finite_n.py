@@ -407,7 +407,7 @@ def run_suite(out, quick=False, progress=True, cache=None, ns=None, betas=None, 
             "- wall (s): each run file's `wall_seconds` on the shared 2-core host (loaded: not a benchmark)",
             "- the mean-field rows are read from the committed reports: validation/reports/atoms/atoms.md where it "
             "has the case (finest mesh of its nside 16 / 32 / 64 runs), else validation/reports/paper/report.md "
-            "(nside 16); at β ≥ 30 the mean field is not converged in the mesh (issue 37, DESIGN.md §9)"] + list(notes)
+            "(nside 16); at β ≥ 30 the mean field is not converged in the mesh (issue 37, docs/theory.md#tails-at-large-β)"] + list(notes)
     report = write_report(out, results, todo, quick, info)
     say(f"  report {report} ({done} of {len(todo)} cells complete)")
     return report
