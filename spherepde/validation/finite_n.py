@@ -26,6 +26,7 @@ about 77 MB at n = 2000 and 1.2 GB at n = 32 000 (the full default sweep ≈ 15 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
@@ -123,10 +124,11 @@ def _state(path):
     return "complete" if int(ds.attrs.get("complete", 0)) == 1 else "partial"
 
 
-def run_cells(cache, todo, systems=SYSTEMS, budget_s=None, say=print):
+def run_cells(cache, todo, systems=SYSTEMS, budget_s=None, say=print, out=None):
     """Run every cell of todo into the cache folder (complete files reused, interrupted ones
-    resumed); with budget_s no new cell starts after that many seconds. Returns {cell: seconds
-    of this call's run, or None when reused or not started}."""
+    resumed, and, with out, cells whose summary OUT/cells/*.json exists skipped); with budget_s
+    no new cell starts after that many seconds. A cell that completes gets its summary at once.
+    Returns {cell: seconds of this call's run, or None when reused or not started}."""
     from ..runner.run import execute
     from ..storage.runfile import RunFileError
 
@@ -136,6 +138,9 @@ def run_cells(cache, todo, systems=SYSTEMS, budget_s=None, say=print):
     for cell in todo:
         path = cell_path(cache, cell)
         state = _state(path)
+        if out is not None and state != "complete" and read_summary(out, cell, systems) is not None:
+            spent[cell] = None
+            continue
         if state == "complete":
             try:  # complete with this config: reuse (execute(resume=True) checks the config)
                 if execute(cell_config(cell, systems), path, progress=False, log=None, resume=True).get(
@@ -158,8 +163,37 @@ def run_cells(cache, todo, systems=SYSTEMS, budget_s=None, say=print):
             say(f"  {path.name}: {exc}; run again")
             execute(config, path, progress=False, log=None)
         spent[cell] = time.perf_counter() - t0
+        if out is not None:
+            write_summary(out, cell, cell_metrics(path), systems)
         say(f"  {path.name}: done in {spent[cell]:.0f} s")
     return spent
+
+
+def summary_path(out, cell: Cell) -> Path:
+    """The cell's committed summary: OUT/cells/<law>_beta<β>_n<n>.json."""
+    return Path(out) / "cells" / f"{cell.law}_beta{beta_text(cell.beta)}_n{cell.n}.json"
+
+
+def write_summary(out, cell: Cell, metrics, systems=SYSTEMS) -> Path:
+    """Keep a complete cell's per-seed metrics (and the config that made them) as a small JSON
+    beside the report, so the study outlives its run files (~77 MB per cell at n = 2 000)."""
+    path = summary_path(out, cell)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plain = {k: ([None if isinstance(x, float) and math.isnan(x) else x for x in v] if isinstance(v, list) else v)
+             for k, v in metrics.items()}
+    path.write_text(json.dumps({"config": cell_config(cell, systems), **plain}, indent=1) + "\n")
+    return path
+
+
+def read_summary(out, cell: Cell, systems=SYSTEMS):
+    """The committed metrics of a cell, or None when there is none for this cell's config."""
+    path = summary_path(out, cell)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    if data.pop("config", None) != json.loads(json.dumps(cell_config(cell, systems))):
+        return None  # made by another config: run the cell again
+    return {k: ([math.nan if x is None else x for x in v] if isinstance(v, list) else v) for k, v in data.items()}
 
 
 def cell_metrics(path):
@@ -393,8 +427,15 @@ def run_suite(out, quick=False, progress=True, cache=None, ns=None, betas=None, 
     todo = cells(LAWS, betas or (QUICK_BETAS if quick else BETAS), ns or (QUICK_NS if quick else DEFAULT_NS))
     t0 = time.perf_counter()
     if run:
-        run_cells(cache, todo, systems, budget_s, say)
-    results = {c: cell_metrics(cell_path(cache, c)) for c in todo}
+        run_cells(cache, todo, systems, budget_s, say, out)
+    results = {}
+    for c in todo:  # a complete run file first (its summary refreshed), then the committed summary
+        metrics = cell_metrics(cell_path(cache, c))
+        if metrics["state"] == "complete":
+            write_summary(out, c, metrics, systems)
+        else:
+            metrics = read_summary(out, c, systems) or metrics
+        results[c] = metrics
     done = sum(m["state"] == "complete" for m in results.values())
     flags = " --quick" if quick else ""
     walls = sum(m["wall"] for m in results.values() if m["state"] == "complete")
@@ -402,8 +443,10 @@ def run_suite(out, quick=False, progress=True, cache=None, ns=None, betas=None, 
            "this call read the run files only (`--report-only`)")
     info = [f"- command: `spherepde validate finite_n{flags} --out DIR` (or `python -m spherepde.validation.finite_n`); "
             f"{how}, on {machine()}, shared with other jobs; the complete cells' run wall times sum to {walls:.0f} s",
-            f"- {done} of {len(todo)} cells complete; run files under `{cache}` (not part of the report), one "
-            f"per cell, reused when complete and resumed when interrupted",
+            f"- {done} of {len(todo)} cells complete; each complete cell's per-seed metrics are kept in `cells/*.json` "
+            f"beside this report (with the config that made them), so the study continues without its run files; "
+            f"run files under `{cache}` (not part of the report), one per cell, reused when complete and resumed "
+            f"when interrupted",
             "- wall (s): each run file's `wall_seconds` on the shared 2-core host (loaded: not a benchmark)",
             "- the mean-field rows are read from the committed reports: validation/reports/atoms/atoms.md where it "
             "has the case (finest mesh of its nside 16 / 32 / 64 runs), else validation/reports/paper/report.md "

@@ -165,3 +165,15 @@ def test_registered_but_not_in_a_bare_validate():
 
     assert SUITES["finite_n"].report == "finite_n.md" and "quick" in SUITES["finite_n"].options
     assert "finite_n" not in DEFAULT
+
+
+def test_cell_summary_round_trip_keeps_missing_onsets_and_refuses_another_config(tmp_path):
+    cell = finite_n.Cell("vmf", 30.0, 500)
+    metrics = {"state": "complete", "wall": 12.0, "evaluations": 2000, "t_reached": 20.0,
+               "onset": [7.5, math.nan], "max_E": [0.97, 0.98], "w2_min": [0.2, 0.25]}
+    path = finite_n.write_summary(tmp_path, cell, metrics)
+    assert "NaN" not in path.read_text()  # plain JSON: a seed without an onset is null
+    got = finite_n.read_summary(tmp_path, cell)
+    assert got["onset"][0] == 7.5 and math.isnan(got["onset"][1]) and got["max_E"] == [0.97, 0.98]
+    assert finite_n.read_summary(tmp_path, cell, systems=4) is None  # another config: run again
+    assert finite_n.read_summary(tmp_path, finite_n.Cell("vmf", 30.0, 1000)) is None
