@@ -63,6 +63,10 @@ m_d for d ≠ 3; noise_mean_factor is that of S²). System k of a batch draws it
 streams of seed + k, so it repeats the single run with seed + k. A single system on S² (n, 3)
 keeps the summation of spherepde.summation.attention_field (clustered sums, trees, harmonic
 expansions; summation="auto"); summation="batched" sends it through the batched sum too.
+Systems on S² of at least PER_SYSTEM_N tokens each also keep that summation with summation="auto",
+one system at a time: once tokens concentrate, the clustered sums cost O(n) per evaluation where
+the direct sum costs O(n²). Measured for two tight clusters, 2 threads: 3.4× faster than the
+batched kernel at n = 8 000, β = 10, 2.0× at β = 1000, and 2× slower at n = 2 000.
 Carried densities (quadrature particles) exist on S² for one system only.
 """
 
@@ -86,13 +90,14 @@ from .timeline import save_times, segments
 
 __all__ = ["ParticleSolver", "hardmax_field", "tokens_from_law", "quadrature_particles", "SCHEMES",
            "FIXED_SCHEMES", "ADAPTIVE_SCHEMES",
-           "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM", "SUMMATIONS", "token_systems",
+           "geodesic_noise_step", "noise_mean_factor", "NOISE_STREAM", "SUMMATIONS", "PER_SYSTEM_N", "token_systems",
            "local_limit_field"]
 
 FIXED_SCHEMES = ("euler", "rk4")
 ADAPTIVE_SCHEMES = tuple(PAIRS)  # embedded pairs with error control (spherepde.solvers.adaptive)
 SCHEMES = FIXED_SCHEMES + ADAPTIVE_SCHEMES
 SUMMATIONS = ("auto", "batched")
+PER_SYSTEM_N = 4000  # systems on S² this large take attention_field one at a time (module docstring)
 NOISE_STREAM = 0x6E6F6973  # first spawn-key word of the noise streams ("nois")
 
 
@@ -266,7 +271,13 @@ class ParticleSolver:
     def batched_for(self, x) -> bool:
         """Whether positions of this shape go through the batched direct sum (module docstring)."""
         x = np.asarray(x)
-        return x.ndim == 3 or x.shape[-1] != 3 or self.summation == "batched"
+        return (x.ndim == 3 or x.shape[-1] != 3 or self.summation == "batched") and not self.per_system_for(x)
+
+    def per_system_for(self, x) -> bool:
+        """Whether positions (M, n, 3) go one system at a time through attention_field: summation
+        "auto" and n ≥ PER_SYSTEM_N (module docstring)."""
+        x = np.asarray(x)
+        return x.ndim == 3 and x.shape[-1] == 3 and self.summation == "auto" and x.shape[1] >= PER_SYSTEM_N
 
     def field(self, x, weights):
         """(v (n, d), div_S v (n,) or None) at the particles, for the measure Σ w_i δ_{x_i}
@@ -275,6 +286,12 @@ class ParticleSolver:
         self.evaluations += 1
         if self.batched_for(x):
             return self._batched_field(x, weights), None
+        if x.ndim == 3:  # per_system_for(x): each system's own summation
+            return np.stack([self._system_field(xk, weights)[0] for xk in x]), None
+        return self._system_field(x, weights)
+
+    def _system_field(self, x, weights):
+        """(v, div) of one system on S² (n, 3): the sum over the heads of attention_field."""
         velocity = divergence = None
         for m in self._heads:
             v, div = self._head_field(m, x, weights)

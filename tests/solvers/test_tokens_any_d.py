@@ -18,6 +18,7 @@ from spherepde.cli import main
 from spherepde.models.attention import AttentionModel
 from spherepde.models.initial import Uniform, VonMisesFisher
 from spherepde.models.noise import NoiseSchedule
+from spherepde.solvers import particles
 from spherepde.solvers.particles import ParticleSolver, token_systems
 from spherepde.storage.runfile import open_run
 
@@ -98,6 +99,25 @@ def test_batched_solver_equals_single_systems_with_noise():
     for k in range(3):
         one = final(ParticleSolver(model, "euler", 0.05, noise=noise, seed=11 + k), x0[k], w, 0.5)
         np.testing.assert_array_equal(batch[k], one)
+
+
+@pytest.mark.parametrize("beta", [10.0, math.inf])
+def test_large_systems_on_the_sphere_take_their_own_summation(monkeypatch, beta):
+    """Systems of n ≥ PER_SYSTEM_N tokens on S² go one at a time through the S² summation
+    (clustered sums once they concentrate): the same paths as the batched direct sum, each system
+    as its own single run (which never goes through the batched kernel)."""
+    monkeypatch.setattr(particles, "PER_SYSTEM_N", 100)
+    rng = np.random.default_rng(3)
+    model = AttentionModel(rng.normal(size=(3, 3)), rng.normal(size=(3, 3)), beta)
+    x0, w = token_systems(VonMisesFisher(np.ones(3), 8.0), 150, 3, seed=4)
+    solver = ParticleSolver(model, "rk4", 0.05)
+    assert solver.per_system_for(x0) and not solver.batched_for(x0)
+    assert not solver.per_system_for(x0[:, :99])  # below the size: the batched kernel
+    batch = final(solver, x0, w, 2.0)
+    direct = final(ParticleSolver(model, "rk4", 0.05, summation="batched"), x0, w, 2.0)
+    np.testing.assert_allclose(batch, direct, atol=1e-9)
+    for k in range(3):
+        np.testing.assert_array_equal(batch[k], final(ParticleSolver(model, "rk4", 0.05), x0[k], w, 2.0))
 
 
 def test_the_batched_path_refuses_carried_densities_and_wrong_dimensions():
