@@ -6,11 +6,13 @@ Sweeps (spherepde sweep files), the paper's matrices V = diag(−1, 1, −2), B 
   vMF}: the mean field, by the Eulerian solver with atoms and the quadrature particles of the
   same mesh in lockstep, t ≤ 20; run on nside 16 and 8 (half the resolution: every Eulerian
   number is reported with its difference to it), and 32 with slow (observed orders);
-- solvers/sweeps/paper_tokens.toml: n = 2000 tokens alone for the same cases over 8 seeds (the
-  ensembles: mean ± 95 % interval, spherepde.validation.ensembles);
-- solvers/sweeps/paper_tokens_n.toml: the tokens' F-onset against n (500 … 8000, 8 seeds), for
-  one case whose mean field has an onset; solvers/sweeps/paper_tokens_n_large.toml continues it to
-  n = 16 000 and 32 000 (~35 min on 2 cores): run with slow, otherwise read where its runs exist;
+- solvers/sweeps/paper_tokens.toml (β = 10, 30) and paper_tokens_sharp.toml (β = 1000, ∞): n = 2000
+  tokens alone for the same cases over 8 seeds (the ensembles: mean ± 95 % interval,
+  spherepde.validation.ensembles), each case one batched run (`[particles] systems = 8`, seeds
+  1 … 8: one run file with a `system` dimension, read here as 8 cases, one per seed);
+- solvers/sweeps/paper_tokens_n.toml: the tokens' F-onset against n (500 … 8000, 8 seeds batched
+  per n), for one case whose mean field has an onset; solvers/sweeps/paper_tokens_n_large.toml
+  continues it to n = 16 000 and 32 000: run with slow, otherwise read where its runs exist;
 - solvers/paper_ablation.toml: five (V, B) settings at β = 30 (data/ablation_matrices.md);
 - solvers/sweeps/beta_phase.toml: ~12 β from 3 to 3000 (nside 16, t ≤ 20), the (t, β) phase
   diagram.
@@ -31,8 +33,8 @@ Metrics (plain functions of a run Dataset, `prefix="particle_"` for the particle
 - `u_curve_minimum`: min over save times of W₂(ρ_t, Π#ρ₀) and its time (the bottom of the
   U-curve: concentration on Π#ρ₀, then departure from it).
 
-`quick=True` runs the same machinery on CI-sized runs (nside 4 and 8, 300 tokens over 3 seeds,
-t ≤ 8, fewer β); the report says so. `nsides` replaces the meshes of paper_beta (one sweep per
+`quick=True` runs the same machinery on CI-sized runs (nside 4 and 8, 300 tokens over 3 seeds
+batched as 3 systems, t ≤ 8, fewer β); the report says so. `nsides` replaces the meshes of paper_beta (one sweep per
 nside; the ablation uses the finest).
 """
 
@@ -84,9 +86,9 @@ FULL_NSIDES, SLOW_NSIDES, QUICK_NSIDES = (8, 16), (8, 16, 32), (4, 8)
 
 # CI-sized runs of --quick
 QUICK_BASE = {"particles.dt": 0.05, "time.t_end": 8.0, "time.save_every": 0.2}
-QUICK_TOKENS = {"particles.n": 300}
+QUICK_SYSTEMS = 3  # seeds 1, 2, 3 as one batched run per case
+QUICK_TOKENS = {"particles.n": 300, "particles.seed": 1, "particles.systems": QUICK_SYSTEMS}
 QUICK_N = [100, 300]
-QUICK_SEEDS = [1, 2, 3]
 QUICK_BETAS = [10.0, "inf"]
 QUICK_PHASE_RUNS = 4
 
@@ -175,20 +177,24 @@ def _fmt_t(x):
 
 
 class Case:
-    """One run of a sweep: its spec, β, initial-law label, case label, metrics per solver
-    ("eulerian": the density with atoms; "particles": the particles in the run, tokens or
-    quadrature particles, `particle_mode`). A run of tokens alone has nside None.
+    """One run of a sweep, or one system of a batched run: its spec, β, initial-law label, case
+    label, metrics per solver ("eulerian": the density with atoms; "particles": the particles in
+    the run, tokens or quadrature particles, `particle_mode`). A run of tokens alone has nside None.
 
-    series: the run's per-snapshot diagnostics (regular snapshots only), from the run file or
-    from the sweep's combined file (one row of it; then complete and wall come from run_complete
-    and run_wall_seconds). ds: the whole run file (fields included), read on first use, so a
-    report that needs the fields of a few runs reads only those files.
+    series: the per-snapshot diagnostics (regular snapshots only), from the run file or from the
+    sweep's combined file (one row of it; then complete and wall come from run_complete and
+    run_wall_seconds). ds: the whole run file (fields included), read on first use, so a report
+    that needs the fields of a few runs reads only those files.
+
+    system: None for a run of one system; k for system k of a batched run (`[particles] systems`
+    = M > 1): its seed is `seed + k`, series and ds are that system's (`isel(system=k)`), and
+    complete and wall are the batch's (one file, one wall time for all M systems).
     """
 
-    def __init__(self, spec, path, ds=None, series=None, complete=None, wall=None):
+    def __init__(self, spec, path, ds=None, series=None, complete=None, wall=None, system=None):
         from ..runner.build import build_initial_law, build_model
 
-        self.spec, self.path, self._ds = spec, Path(path), ds
+        self.spec, self.path, self._ds, self.system = spec, Path(path), ds, system
         cfg = spec.config
         self.beta = _beta(cfg["model"]["beta"])
         self.law = _label(spec.params["initial"]) if "initial" in spec.params else cfg["initial"]["kind"]
@@ -198,7 +204,7 @@ class Case:
         pt = cfg.get("particles")
         self.particle_mode = pt["mode"] if pt else None
         self.n_tokens = int(pt["n"]) if pt and pt["mode"] == "tokens" else 0
-        self.seed = int(pt["seed"]) if pt and pt["mode"] == "tokens" else None
+        self.seed = int(pt["seed"]) + (system or 0) if pt and pt["mode"] == "tokens" else None
         self.model = build_model(cfg["model"]).single_head  # the paper's cases: one head
         self.initial_law = build_initial_law(cfg["initial"])
         if series is None:
@@ -218,11 +224,13 @@ class Case:
 
     @property
     def ds(self):
-        """The whole run file (spherepde.open_run: checksums verified), read once."""
+        """The whole run file (spherepde.open_run: checksums verified), read once; of a batched
+        run, this case's system."""
         if self._ds is None:
             from ..storage.runfile import open_run
 
-            self._ds = open_run(self.path)
+            ds = open_run(self.path)
+            self._ds = ds if self.system is None else ds.isel(system=self.system)
         return self._ds
 
     @property
@@ -237,14 +245,23 @@ def _diagnostics(ds):
     return ds[[n for n, v in ds.data_vars.items() if v.dims == ("time",)]]
 
 
+def _systems(spec):
+    """The number of token systems batched in a run (`[particles] systems`; 1 without particles)."""
+    return int((spec.config.get("particles") or {}).get("systems", 1))
+
+
 def _cases_from_combined(specs, out_dir, combined_path):
     """Cases from a sweep's combined file, or None when it cannot stand in for the run files (not
-    current for these specs, or written before it carried snapshot_kind and run_complete)."""
+    current for these specs, written before it carried snapshot_kind and run_complete, or a
+    sweep of batched runs: the combined file keeps (time,) variables only, so it lacks their
+    per-system diagnostics (system, time))."""
     import xarray as xr
 
     from ..runner.sweep import combined_is_current
 
-    if combined_path is None or not combined_is_current(combined_path, specs):
+    if combined_path is None or any(_systems(spec) > 1 for spec in specs):
+        return None
+    if not combined_is_current(combined_path, specs):
         return None
     with xr.open_dataset(combined_path, engine="netcdf4") as handle:
         if "snapshot_kind" not in handle or "run_complete" not in handle:
@@ -263,10 +280,21 @@ def _cases_from_combined(specs, out_dir, combined_path):
     return cases
 
 
+def _system_cases(spec, path, ds):
+    """The cases of a batched run file (a `system` dimension): one per system k, seed + k, with
+    that system's diagnostics. The run's fields are not kept (a case reads them again if asked):
+    8 systems of 2000 tokens saved 201 times are 77 MB of positions per file."""
+    complete, wall = ds.attrs.get("complete", 0), ds.attrs.get("wall_seconds", math.nan)
+    return [Case(spec, path, series=_diagnostics(ds.isel(system=k)), complete=complete, wall=wall, system=k)
+            for k in range(ds.sizes["system"])]
+
+
 def collect(specs, out_dir, combined=None):
-    """Cases of the run files of a sweep that exist (complete or not). combined: the sweep's
-    combined file; when it is current for these specs (spherepde.runner.sweep.combined_is_current) the
-    diagnostics come from it and no run file is read until a case's fields are needed."""
+    """Cases of the run files of a sweep that exist (complete or not): one per run, or one per
+    system of a batched run (`[particles] systems` > 1). combined: the sweep's combined file;
+    when it is current for these specs (spherepde.runner.sweep.combined_is_current) and they are
+    not batched, the diagnostics come from it and no run file is read until a case's fields are
+    needed."""
     from ..storage.runfile import RunFileError, open_run
 
     cases = _cases_from_combined(specs, out_dir, combined)
@@ -279,8 +307,9 @@ def collect(specs, out_dir, combined=None):
             ds = open_run(path)
         except RunFileError:
             continue
-        if ds.sizes.get("time", 0) >= 2:
-            cases.append(Case(spec, path, ds=ds))
+        if ds.sizes.get("time", 0) < 2:
+            continue
+        cases += _system_cases(spec, path, ds) if "system" in ds.dims else [Case(spec, path, ds=ds)]
     return cases
 
 
@@ -978,12 +1007,14 @@ def _sweep_into(path, out_dir, label, workers, say, info, run=True):
         combined = combined if combined.is_file() else None
     cases = collect(specs, out_dir, combined)
     failed = f"; failed: {', '.join(f'{r} ({why})' for r, why in failures)}" if failures else ""
-    partial = [c.spec.run_id for c in cases if not c.complete]
+    run_ids = list(dict.fromkeys(c.spec.run_id for c in cases))  # a batched run gives several cases
+    partial = list(dict.fromkeys(c.spec.run_id for c in cases if not c.complete))
     partial = f"; not finished: {', '.join(partial)}" if partial else ""
+    batched = f" ({len(cases)} seeds as batched systems, `[particles] systems` > 1)" if len(cases) > len(run_ids) else ""
     how = (f"spherepde.runner.sweep.run_sweep with {workers} workers, {time.perf_counter() - t0:.0f} s for this call "
            "(runs already complete are reused)" if run else "run files read, not run by this call")
-    info.append(f"- {label}: {len(cases)} of {len(specs)} runs, {how}{failed}{partial}")
-    say(f"  {label}: {len(cases)} runs ({time.perf_counter() - t0:.0f} s)")
+    info.append(f"- {label}: {len(run_ids)} of {len(specs)} runs{batched}, {how}{failed}{partial}")
+    say(f"  {label}: {len(run_ids)} runs ({time.perf_counter() - t0:.0f} s)")
     return cases, combined
 
 
@@ -1006,10 +1037,11 @@ def machine() -> str:
 
 
 def _token_sweeps(runs, quick, base_over, workers, say, info, run, slow=False):
-    """The token ensembles: paper_tokens and paper_tokens_sharp (every law and β, 8 seeds; the
-    step each β needs) and paper_tokens_n (one case, n = 500 … 8000), continued to n = 16 000
-    and 32 000 by paper_tokens_n_large when slow (without slow its runs are read if its folder
-    exists, never started). Returns (token cases, n cases)."""
+    """The token ensembles: paper_tokens and paper_tokens_sharp (every law and β, 8 seeds batched
+    in one run per case; the step each β needs) and paper_tokens_n (one case, n = 500 … 8000),
+    continued to n = 16 000 and 32 000 by paper_tokens_n_large when slow (without slow its runs
+    are read if its folder exists, never started). quick: 300 tokens, QUICK_SYSTEMS seeds batched.
+    Returns (token cases, n cases): one case per seed."""
     tag = "quick" if quick else "full"
     token_over = dict(base_over, **QUICK_TOKENS) if quick else {}
     tokens = []
@@ -1017,10 +1049,10 @@ def _token_sweeps(runs, quick, base_over, workers, say, info, run, slow=False):
         grid = None
         if quick:
             betas = [b for b in _load_toml(sweep)["sweep"]["grid"]["model.beta"] if b in QUICK_BETAS]
-            grid = {"model.beta": betas, "particles.seed": QUICK_SEEDS}
+            grid = {"model.beta": betas}
         path = derive_sweep(sweep, runs / f"{sweep.stem}_{tag}", token_over, grid)
         tokens += _sweep_into(path, path.parent, f"{sweep.stem} (token ensembles)", workers, say, info, run)[0]
-    grid = {"particles.n": QUICK_N, "particles.seed": QUICK_SEEDS} if quick else None
+    grid = {"particles.n": QUICK_N} if quick else None
     path = derive_sweep(PAPER_TOKENS_N, runs / f"paper_tokens_n_{tag}", token_over, grid)
     n_cases = _sweep_into(path, path.parent, "paper_tokens_n (tokens against n)", workers, say, info, run)[0]
     if not quick:

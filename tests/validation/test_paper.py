@@ -182,28 +182,32 @@ def test_sweep_files_expand_to_the_issues_runs(tmp_path):
         assert c["eulerian"]["nside"] == 16 and c["eulerian"]["atoms"] and c["time"]["t_end"] == 20.0
         assert c["particles"]["mode"] == "quadrature"
         assert np.array_equal(c["model"]["V"], PAPER_V) and np.array_equal(c["model"]["B"], PAPER_B)
+    def seeds(config):  # the seeds of a run's systems: seed … seed + systems − 1
+        pt = config["particles"]
+        return list(range(pt["seed"], pt["seed"] + pt["systems"]))
+
     tokens = paper.expand_sweep(paper.PAPER_TOKENS, tmp_path) + paper.expand_sweep(paper.PAPER_TOKENS_SHARP, tmp_path)
-    assert len(tokens) == 96
+    assert len(tokens) == 12  # one batched run per law and β
     cases = {}
     for s in tokens:  # tokens alone, every law and β of paper_beta, 8 seeds each
         c = s.config
         assert not c["eulerian"]["enabled"] and c["particles"]["mode"] == "tokens" and c["particles"]["n"] == 2000
         # the step each β needs: dt 0.01 where the softmax is nearly discontinuous
         assert c["particles"]["dt"] == (0.05 if c["model"]["beta"] in (10.0, 30.0) else 0.01)
-        cases.setdefault((s.params["initial"], c["model"]["beta"]), []).append(c["particles"]["seed"])
+        cases.setdefault((s.params["initial"], c["model"]["beta"]), []).extend(seeds(c))
     assert set(cases) == {(s.params["initial"], s.config["model"]["beta"]) for s in specs}
     assert all(sorted(seeds) == list(range(1, 9)) for seeds in cases.values())
     by_n = {}
     for s in paper.expand_sweep(paper.PAPER_TOKENS_N, tmp_path):
-        by_n.setdefault(s.config["particles"]["n"], set()).add(s.config["particles"]["seed"])
-    assert sorted(by_n) == [500, 1000, 2000, 4000, 8000] and all(len(v) == 8 for v in by_n.values())
+        by_n.setdefault(s.config["particles"]["n"], []).extend(seeds(s.config))
+    assert sorted(by_n) == [500, 1000, 2000, 4000, 8000] and all(v == list(range(1, 9)) for v in by_n.values())
     small = {k: v for k, v in paper.expand_sweep(paper.PAPER_TOKENS_N, tmp_path)[0].config.items()
              if k not in ("particles", "output")}
     by_n = {}
     for s in paper.expand_sweep(paper.PAPER_TOKENS_N_LARGE, tmp_path):  # the same case, continued in n
         assert {k: v for k, v in s.config.items() if k not in ("particles", "output")} == small
-        by_n.setdefault(s.config["particles"]["n"], set()).add(s.config["particles"]["seed"])
-    assert sorted(by_n) == [16000, 32000] and all(v == set(range(1, 9)) for v in by_n.values())
+        by_n.setdefault(s.config["particles"]["n"], []).extend(seeds(s.config))
+    assert sorted(by_n) == [16000, 32000] and all(v == list(range(1, 9)) for v in by_n.values())
     ablation = paper.expand_sweep(paper.PAPER_ABLATION, tmp_path)
     m = _matrices()
     assert [s.params["model"] for s in ablation] == list(m)
@@ -256,12 +260,12 @@ def test_derived_sweep_overrides_base_and_grid(tmp_path):
     for s in specs:
         assert s.config["eulerian"]["nside"] == 8 and s.config["particles"]["dt"] == 0.05
         assert s.config["time"]["t_end"] == 8.0
-    # a base value that a grid axis sets replaces the axis
-    path = paper.derive_sweep(paper.PAPER_TOKENS_SHARP, tmp_path / "t", dict(quick, **paper.QUICK_TOKENS),
-                              {"particles.seed": paper.QUICK_SEEDS})
+    # a base value that a grid axis sets replaces the axis (dt = 0.01, systems = 8)
+    path = paper.derive_sweep(paper.PAPER_TOKENS_SHARP, tmp_path / "t", dict(quick, **paper.QUICK_TOKENS))
     specs = paper.expand_sweep(path, tmp_path / "t")
-    assert len(specs) == 6 * len(paper.QUICK_SEEDS)  # 3 laws × β ∈ {1000, ∞}, the axis dt = 0.01 replaced
+    assert len(specs) == 6  # 3 laws × β ∈ {1000, ∞}, the seeds batched in each run
     assert {s.config["particles"]["n"] for s in specs} == {300} and {s.config["particles"]["dt"] for s in specs} == {0.05}
+    assert {(s.config["particles"]["seed"], s.config["particles"]["systems"]) for s in specs} == {(1, paper.QUICK_SYSTEMS)}
     if paper.BETA_PHASE.is_file():  # grid axes that set a base value are replaced too; no particles added
         path = paper.derive_sweep(paper.BETA_PHASE, tmp_path / "p", quick)
         for s in paper.expand_sweep(path, tmp_path / "p"):
@@ -284,12 +288,14 @@ def test_cli_accepts_paper_and_quick():
     assert args.suites == ["paper", "exact"] and args.quick
 
 
-def _tiny_runs(sweep_file, out, grid):
+TINY = {"eulerian.nside": 4, "particles.n": 40, "particles.dt": 0.05, "time.t_end": 1.0, "time.save_every": 0.25}
+
+
+def _tiny_runs(sweep_file, out, grid, tiny=TINY):
     """Runs of a derived tiny sweep, executed here one by one (no dask cluster: the sweep engine
     has its own tests), collected as report cases."""
     from spherepde.runner.run import execute
 
-    tiny = {"eulerian.nside": 4, "particles.n": 40, "particles.dt": 0.05, "time.t_end": 1.0, "time.save_every": 0.25}
     path = paper.derive_sweep(sweep_file, out, tiny, grid)
     specs = paper.expand_sweep(path, out)
     for spec in specs:
@@ -307,9 +313,11 @@ def test_report_from_tiny_runs(tmp_path):
     ablation = _tiny_runs(paper.PAPER_ABLATION, tmp_path / "a", {"model": models})
     assert len(beta_cases) == 2 and len(ablation) == 2
     tokens = _tiny_runs(paper.PAPER_TOKENS, tmp_path / "t", {"model.beta": [10.0, "inf"], "initial": [uniform],
-                                                            "particles.seed": [1, 2, 3]})
-    n_cases = _tiny_runs(paper.PAPER_TOKENS_N, tmp_path / "n", {"particles.n": [20, 40], "particles.seed": [1, 2]})
+                                                            "particles.systems": [3]})
+    n_cases = _tiny_runs(paper.PAPER_TOKENS_N, tmp_path / "n", {"particles.n": [20, 40], "particles.systems": [2]})
+    # one case per seed of the batched runs
     assert len(tokens) == 6 and len(n_cases) == 4 and all(c.nside is None for c in tokens)
+    assert sorted(c.seed for c in tokens) == [1, 1, 2, 2, 3, 3] and sorted(c.seed for c in n_cases) == [1, 1, 2, 2]
     phase = (paper._combined_from_cases(beta_cases), [(c.beta, math.nan) for c in beta_cases], "test")
     report = paper.write_report(tmp_path / "out", beta_cases, ablation, phase, True, ["- tiny"],
                                 paper.read_paper_table(), tokens, n_cases)
@@ -354,6 +362,41 @@ def test_cases_from_the_combined_file_read_no_run_file(tmp_path, monkeypatch):
     os.utime(specs[1].path, ns=(combined.stat().st_mtime_ns + 10**9,) * 2)
     opened.clear()
     assert len(paper.collect(specs, tmp_path / "b", combined)) == 2 and len(opened) == 2
+
+
+def test_the_systems_of_a_batched_run_are_the_single_runs_of_their_seeds(tmp_path):
+    """A batched token run (`[particles] systems = 3`, seed 1) read by collect gives one case per
+    seed with the metrics (F-onset, max alignment with E, min W₂ to Π#ρ₀) of the single run of that
+    seed. The reason they must be equal exactly: system k of a batch is the single run with seed + k
+    (same draws, same noise streams, same kernel: bit for bit with summation = "batched";
+    tests/solvers/test_tokens_any_d.py). Also when the sweep's combined file is current: it keeps
+    (time,) variables only, so the per-system diagnostics must come from the run file."""
+    from spherepde.runner.sweep import combine
+
+    law = next(g for g in paper._load_toml(paper.PAPER_TOKENS)["sweep"]["grid"]["initial"]
+               if g["label"] == "projected_normal")
+    tiny = {"particles.n": 60, "particles.dt": 0.05, "particles.summation": "batched", "time.t_end": 10.0,
+            "time.save_every": 0.25}
+    grid = {"model.beta": [10.0], "initial": [law]}
+    batched = _tiny_runs(paper.PAPER_TOKENS, tmp_path / "batched", dict(grid, **{"particles.systems": [3]}), tiny)
+    single = _tiny_runs(paper.PAPER_TOKENS, tmp_path / "single",
+                        dict(grid, **{"particles.systems": [1], "particles.seed": [1, 2, 3]}), tiny)
+    assert [c.seed for c in batched] == [c.seed for c in single] == [1, 2, 3]
+    assert [c.system for c in batched] == [0, 1, 2] and {c.path for c in batched} == {batched[0].path}
+    onsets = [c.metrics["particles"]["onset"] for c in single]
+    assert sum(np.isfinite(onsets)) >= 2  # the onset is compared, not only NaN against NaN
+    for a, b in zip(batched, single):
+        assert (a.law, a.beta, a.n_tokens, a.nside, a.complete) == (b.law, b.beta, b.n_tokens, b.nside, b.complete)
+        for name in ("onset", "max_E", "w2_min"):
+            np.testing.assert_array_equal(a.metrics["particles"][name], b.metrics["particles"][name])
+        np.testing.assert_array_equal(a.series.particle_alignment_F.values, b.series.particle_alignment_F.values)
+        # the case's fields are its system's: the positions of the single run
+        np.testing.assert_array_equal(a.ds.positions.values, b.ds.positions.values)
+    specs = [batched[0].spec]
+    path = combine(specs, tmp_path / "batched" / "paper_tokens.nc", "paper_tokens")
+    assert "particle_alignment_E" not in xr.open_dataset(path)  # why the combined file cannot stand in
+    again = paper.collect(specs, tmp_path / "batched", path)
+    assert [c.metrics for c in again] == [c.metrics for c in batched] and len(again) == 3
 
 
 # ------------------------------------------------------------------ ensembles
