@@ -10,9 +10,9 @@ fp32; five RK4 steps of the device solver; it stops if fp64 differs by more than
    and the implied FLOP rate against the H200's peak. Operations counted per pair: 4d + 6
    (the exponent ⟨a, y − â⟩: 2d; the weight's exp2, max and the sum z: ~4 counted as 4, though
    fp64 exp2 is a ~20-operation software routine; the moments s += w (y − â): 2d; + 2);
-2. the paper's token ensembles end to end: the 96 runs of solvers/sweeps/paper_tokens.toml and
-   paper_tokens_sharp.toml (3 laws × β ∈ {10, 30, 1000, ∞} × 8 seeds, n = 2 000, t ≤ 20 saved
-   every 0.1, RK4 dt 0.05 / 0.01) as 12 batched runs of 8 systems on the device, in fp64 and in
+2. the paper's token ensembles end to end: the 12 batched runs of solvers/sweeps/paper_tokens.toml
+   and paper_tokens_sharp.toml (3 laws × β ∈ {10, 30, 1000, ∞}, 8 seeds as `systems = 8`,
+   n = 2 000, t ≤ 20 saved every 0.1, RK4 dt 0.05 / 0.01) on the device, in fp64 and in
    fp32, with the F-onset of every seed (alignment with F = e₂ exceeding that with E = e₁ after
    its maximum, as spherepde.analysis.metrics.f_phase_onset) and the fp32 − fp64 difference;
 3. the largest n that runs to t = 20 within 10 minutes (one system, RK4, dt = 0.01 and 0.05, β =
@@ -279,8 +279,8 @@ def main(argv=None) -> int:
     cases = [key for key in result if key[0] == "fp64"]
     systems = next(iter(result.values()))[1].size if result else 0
     complete = "" if len(cases) == len(LAWS) * len(BETAS) or smoke else " (stopped at the time budget)"
-    print(f"\n{len(cases)} batched runs (= {systems * len(cases)} single runs of the CPU sweeps){complete}: "
-          f"{total['fp64']:.1f} s fp64, {total['fp32']:.1f} s fp32 (the 96 runs on 2 CPU cores: 23 min, issue 38)")
+    print(f"\n{len(cases)} batched runs (= {systems * len(cases)} seeds of the CPU sweeps){complete}: "
+          f"{total['fp64']:.1f} s fp64, {total['fp32']:.1f} s fp32 (the 96 seeds as single runs on 2 CPU cores: 23 min, issue 38)")
     pairs = [(result[("fp32", law, beta)][1], result[("fp64", law, beta)][1]) for (_, law, beta) in cases
              if ("fp32", law, beta) in result]
     shifts = np.concatenate([np.abs(a - b) for a, b in pairs] or [np.array([])])
