@@ -1010,7 +1010,7 @@ def _sweep_into(path, out_dir, label, workers, say, info, run=True):
     run_ids = list(dict.fromkeys(c.spec.run_id for c in cases))  # a batched run gives several cases
     partial = list(dict.fromkeys(c.spec.run_id for c in cases if not c.complete))
     partial = f"; not finished: {', '.join(partial)}" if partial else ""
-    batched = f" ({len(cases)} seeds as batched systems, `[particles] systems` > 1)" if len(cases) > len(run_ids) else ""
+    batched = f" ({len(cases)} seeds as batched systems)" if len(cases) > len(run_ids) else ""
     how = (f"spherepde.runner.sweep.run_sweep with {workers} workers, {time.perf_counter() - t0:.0f} s for this call "
            "(runs already complete are reused)" if run else "run files read, not run by this call")
     info.append(f"- {label}: {len(run_ids)} of {len(specs)} runs{batched}, {how}{failed}{partial}")

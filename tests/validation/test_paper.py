@@ -399,6 +399,24 @@ def test_the_systems_of_a_batched_run_are_the_single_runs_of_their_seeds(tmp_pat
     assert [c.metrics for c in again] == [c.metrics for c in batched] and len(again) == 3
 
 
+def test_the_report_line_of_a_sweep_counts_runs_and_their_seeds(tmp_path, monkeypatch):
+    """Batched runs give several cases per run: "What was run" counts the runs, names the seeds,
+    and lists an unfinished run once, not once per system."""
+    from types import SimpleNamespace
+
+    specs = [SimpleNamespace(run_id=f"t-000{i}") for i in range(2)]
+    cases = [SimpleNamespace(spec=specs[i], complete=i == 0) for i in (0, 0, 0, 1, 1, 1)]
+    monkeypatch.setattr(paper, "run_sweep_files", lambda *args, **kw: (specs, None, []))
+    monkeypatch.setattr(paper, "collect", lambda *args: cases)
+    info = []
+    assert paper._sweep_into(tmp_path / "t.toml", tmp_path, "t", 2, lambda msg: None, info)[0] == cases
+    assert "t: 2 of 2 runs (6 seeds as batched systems)," in info[0]
+    assert info[0].endswith("; not finished: t-0001")
+    monkeypatch.setattr(paper, "collect", lambda *args: cases[::3])  # one case per run: no seed count
+    paper._sweep_into(tmp_path / "t.toml", tmp_path, "t", 2, lambda msg: None, info)
+    assert "t: 2 of 2 runs, " in info[1]
+
+
 # ------------------------------------------------------------------ ensembles
 def test_interval_is_the_student_t_interval():
     from spherepde.validation.ensembles import interval, onset_text
