@@ -34,8 +34,8 @@ Metrics (plain functions of a run Dataset, `prefix="particle_"` for the particle
   U-curve: concentration on Π#ρ₀, then departure from it).
 
 `quick=True` runs the same machinery on CI-sized runs (nside 4 and 8, 300 tokens over 3 seeds
-batched as 3 systems, t ≤ 8, fewer β); the report says so. `nsides` replaces the meshes of paper_beta (one sweep per
-nside; the ablation uses the finest).
+batched as 3 systems, t ≤ 8, fewer β); the report says so. `nsides` replaces the meshes of
+paper_beta (one sweep per nside; the ablation uses the finest).
 """
 
 from __future__ import annotations
