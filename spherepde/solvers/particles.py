@@ -65,8 +65,10 @@ keeps the summation of spherepde.summation.attention_field (clustered sums, tree
 expansions; summation="auto"); summation="batched" sends it through the batched sum too.
 Systems on S² of at least PER_SYSTEM_N tokens each also keep that summation with summation="auto",
 one system at a time: once tokens concentrate, the clustered sums cost O(n) per evaluation where
-the direct sum costs O(n²). Measured for two tight clusters, 2 threads: 3.4× faster than the
-batched kernel at n = 8 000, β = 10, 2.0× at β = 1000, and 2× slower at n = 2 000.
+the direct sum costs O(n²). Measured on whole runs of 8 systems (projected normal of the paper,
+one thread; batched time / per-system time): β = 10 (RK4 dt 0.05, t ≤ 20) 0.96 / 1.34 / 2.07 at
+n = 500 / 1000 / 2000, β = 1000 (dt 0.01, t ≤ 2) 0.66 / 0.91 / 1.26; for two tight clusters at
+n = 8 000 (2 threads) 3.4 (β = 10) and 2.0 (β = 1000).
 Carried densities (quadrature particles) exist on S² for one system only.
 """
 
@@ -97,7 +99,7 @@ FIXED_SCHEMES = ("euler", "rk4")
 ADAPTIVE_SCHEMES = tuple(PAIRS)  # embedded pairs with error control (spherepde.solvers.adaptive)
 SCHEMES = FIXED_SCHEMES + ADAPTIVE_SCHEMES
 SUMMATIONS = ("auto", "batched")
-PER_SYSTEM_N = 4000  # systems on S² this large take attention_field one at a time (module docstring)
+PER_SYSTEM_N = 1000  # systems on S² this large take attention_field one at a time (module docstring)
 NOISE_STREAM = 0x6E6F6973  # first spawn-key word of the noise streams ("nois")
 
 
