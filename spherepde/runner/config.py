@@ -52,7 +52,9 @@ A config has the sections
                    spherepde.solvers.tails; needs atoms, one head, no layers, no noise) with
                    tail_interval (longest time between couplings, (0, 1]), tail_level (tail cells:
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
-                   around an atom kept by the finite volumes, [0, 8])
+                   around an atom kept by the finite volumes, [0, 8]), tail_follow (default true:
+                   between couplings the tail cells follow g's rate −v·∇g − div v; false: the
+                   finite volumes move them)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4": fixed step
                    dt | "dopri5" | "bs32": embedded pairs with error control, dt the first step,
@@ -120,7 +122,7 @@ DEFAULTS = {
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.1, "tail_level": 1e-3,
-                 "tail_exclusion": 3.0},
+                 "tail_exclusion": 3.0, "tail_follow": True},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
                   "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
@@ -669,6 +671,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] tail_level: must be < 1 (a fraction of the largest density), "
                           f"got {eul['tail_level']:g}")
     eul["tail_exclusion"] = _number("eulerian", "tail_exclusion", eul["tail_exclusion"], low=0.0, high=8.0)
+    if not isinstance(eul["tail_follow"], bool):
+        raise ConfigError(f"[eulerian] tail_follow: must be true or false, got {eul['tail_follow']!r}")
     if eul["tails"] == "log":
         if not eul["atoms"] or noisy:
             raise ConfigError('[eulerian] tails: "log" needs atoms = true and no noise ([eulerian] atoms, '
@@ -898,6 +902,7 @@ ADDED_KEYS[("eulerian", "atom_join")] = 0.0  # so did joining a stalled peak to 
 ADDED_KEYS[("eulerian", "atom_cut")] = "floor"  # and the choice of what a new atom's patch keeps
 ADDED_KEYS.update({("eulerian", "tails"): "finite_volume", ("eulerian", "tail_interval"): 0.1,  # tails from log f
                    ("eulerian", "tail_level"): 1e-3, ("eulerian", "tail_exclusion"): 3.0})
+ADDED_KEYS[("eulerian", "tail_follow")] = False  # tail cells following g between couplings came later
 ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # any d and batched systems
                    ("particles", "summation"): "auto"})
 # the GPU backend came later: a file without the key ran on the CPU, as "auto" does without a GPU
@@ -912,7 +917,7 @@ ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_fee
              "atom_join", "atom_cut")
 ATOM_CUTS = ("floor", "tail")
 TAIL_KINDS = ("finite_volume", "log")
-TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion")
+TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

@@ -159,7 +159,8 @@ def _tail_options(eul):
     """The LogTails options of an [eulerian] section, or None when the tails are the finite volumes'."""
     if eul["tails"] != "log":
         return None
-    return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"]}
+    return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
+            "follow": eul["tail_follow"]}
 
 
 def run_times(config) -> list[float]:
@@ -325,7 +326,7 @@ class RunSetup:
             self.variables.update(TAIL_META)
             self.arrays.update(TAIL_ARRAYS)
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
-                               "tail_exclusion": eul["tail_exclusion"]})
+                               "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"])})
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles

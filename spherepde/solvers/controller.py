@@ -187,8 +187,12 @@ class EulerianController:
         if solver.atoms is not None:
             changed = solver.update_atoms(t, state.f, fnew, dt)
             state.f = fnew
+            if changed and solver.tails is not None:
+                solver.tails.forget_anchor()
         if t in state.couplings:  # exactly: the step was cut to land there
             changed = solver.couple_tails(t, fnew) or changed
+        elif solver.tails is not None:  # a smooth change of tiny values: the flux history goes on
+            solver.follow_tails(t, fnew)
         # the next step starts at t: a new layer there is a switch (treated like a save time)
         switching = solver.schedule.key_at(t) != velocity.key
         if lag is not None:

@@ -184,6 +184,11 @@ class EulerianSolver:
         in place on f and the atoms' masses). True when the measure changed."""
         return self.tails.couple(t, f, self.atoms)
 
+    def follow_tails(self, t, f):
+        """Between coupling times: the tail cells follow g's rate (LogTails.follow_tail, in place
+        on f and the atoms' masses)."""
+        self.tails.follow_tail(t, f, self.atoms)
+
     def sync_points(self):
         """The stepper carries the living atoms (None when there are none)."""
         if self.atoms is not None:
