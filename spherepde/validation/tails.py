@@ -408,7 +408,10 @@ def coupling_report(out, nsides, say=print):
 HYBRID_VARIANTS = {
     "finite volumes + atoms": None,
     "tails from log f": {},
-    "tails from log f, the prototype's coupling": {"reset": "bulk", "limited": True, "criterion": "fv"},
+    "tails from log f, coupling every 0.05": {"interval": 0.05},
+    "tails from log f, not followed between couplings": {"follow": False},
+    "tails from log f, the prototype's coupling": {"reset": "bulk", "limited": True, "criterion": "fv",
+                                                   "follow": False},
 }
 
 
@@ -484,10 +487,13 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         f"`python -m spherepde.validation.tails --hybrid --nside {' '.join(map(str, nsides))}` "
         f"({time.strftime('%Y-%m-%d')}; runs kept in `{cache.name}/` and reused). The paper's matrices, the "
         "projected-normal law of `solvers/paper_beta.toml`, velocity_tolerance 1e-3, atoms, save every 0.1, "
-        "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` (spherepde.solvers.tails: "
-        "g never reset outside the atoms' neighbourhoods, unlimited interpolant, a cell is in the tail when "
-        "min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f); the prototype's coupling (g reset to log f in "
-        "the bulk, limited interpolant, the tail from f alone). x₂: of the heaviest atom (F = span e₂).\n\n"
+        "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` with its defaults "
+        "(spherepde.solvers.tails: g never reset outside the atoms' neighbourhoods, unlimited interpolant, a "
+        "cell is in the tail when min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f, couplings every 0.1, "
+        "between them the tail cells follow g's rate −v·∇g − div v); the same with couplings every 0.05; "
+        "the same with the tail cells left to the finite volumes between couplings (`tail_follow = false`); "
+        "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
+        "not followed). x₂: of the heaviest atom (F = span e₂).\n\n"
         "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
         "E / F at t = 20 | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
     return path
