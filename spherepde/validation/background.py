@@ -102,12 +102,16 @@ def weight_share(model, mesh, f, atom_position, atom_mass, away=0.0):
     return wc / (wc + wa)
 
 
-def ensure_run(path, nside, t_end, say=print):
+def ensure_run(path, nside, t_end, say=print, tails=False):
+    """The β = 30 run of solvers/atoms_base.toml at nside to t_end, snapshots every 0.05 (reused
+    when complete); tails: with `[eulerian] tails = "log"`."""
     from ..runner import config as C
     from ..runner.run import execute
     from ..storage.runfile import open_run
 
     over = [f"eulerian.nside={nside}", "model.beta=30.0", f"time.t_end={t_end}", "time.save_every=0.05"]
+    if tails:
+        over.append('eulerian.tails="log"')
     cfg = C.resolve(C.apply_overrides(C.load(REPO / "solvers" / "atoms_base.toml"), over))
     if path.exists():
         ds = open_run(path)
@@ -120,13 +124,17 @@ def ensure_run(path, nside, t_end, say=print):
     return cfg, open_run(path)
 
 
-def measure(nside, times, out, say=print):
+def measure(nside, times, out, say=print, tails=False, label=None):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
-    log₁₀(f_mesh / f_char), the leaked mass, and the weight shares."""
+    log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails: of the run with the
+    tails from log f (then every row starts with `label`, the state's name, and ends with the
+    90th percentile of |log₁₀(f_mesh / f_char)| over the background cells, farther than AWAY
+    from every atom, whose f_char is below 10⁻⁴)."""
     from ..geometry.mesh import HealpixMesh
     from ..runner.build import build_initial_law, build_model
 
-    cfg, ds = ensure_run(out / f"background_run_nside{nside}.nc", nside, max(times), say)
+    name = f"background_run_{'tails_' if tails else ''}nside{nside}.nc"
+    cfg, ds = ensure_run(out / name, nside, max(times), say, tails)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     field = SavedField(ds, mesh, model)
@@ -147,8 +155,15 @@ def measure(nside, times, out, say=print):
                 cells.append("—")
         excess = f_mesh > 10 * f_char
         leaked = float(np.sum((f_mesh - f_char)[excess]) * mesh.area)
-        rows.append(f"| {nside} | {t:g} | {float(ds.mesh_mass[k]):.1e} | " + " | ".join(cells) + f" | {leaked:.1e} |")
         pos, mass = ds.atom_position.values[k], ds.atom_mass.values[k]
+        head = f"| {label} " if label else ""
+        row = head + f"| {nside} | {t:g} | {float(ds.mesh_mass[k]):.1e} | " + " | ".join(cells) + f" | {leaked:.1e} |"
+        if label:
+            alive = mass > 0
+            far = ((mesh.centroids @ pos[alive].T).max(axis=1) < np.cos(AWAY)) if alive.any() else np.ones(mesh.npix, bool)
+            deep = far & (f_char < 1e-4)
+            row += f" {np.percentile(np.abs(ratio[deep]), 90):.3f} ({deep.sum()}) |" if deep.any() else " — |"
+        rows.append(row)
         if (mass > 0).any():
             shares.append(f"| {nside} | {t:g} | {weight_share(model, mesh, f_mesh, pos, mass, AWAY):.3g} | "
                           f"{weight_share(model, mesh, f_char, pos, mass, AWAY):.3g} | 0 |")
@@ -251,6 +266,39 @@ class SavedParticleField:
         return v, div
 
 
+TAIL_STATES = {"finite volumes + atoms": False, "tails from log f": True}
+
+
+def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
+    """OUT/background_tails.md (default validation/reports/tails/): the same comparison for the
+    finite volumes and for `[eulerian] tails = "log"` side by side (issue 37's finite-β
+    self-consistency: the target is a 90th percentile of |log₁₀(f_mesh / f_char)| ≤ 0.05)."""
+    out = Path(out) if out else REPO / "validation" / "reports" / "tails"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for nside in nsides:
+        for label, tails in TAIL_STATES.items():
+            rows += measure(nside, times, out, say, tails=tails, label=label)[0]
+    head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in BANDS)
+    lines = [
+        "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",
+        f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}` "
+        f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
+        "of solvers/atoms_base.toml, β = 30, atoms, snapshots every 0.05) with the finite volumes alone and with "
+        "`[eulerian] tails = \"log\"` (its defaults). f_char: the density carried along the backward "
+        "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
+        "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
+        "the mesh mass where f_mesh > 10 f_char; last column: the 90th percentile of |log₁₀(f_mesh / f_char)| "
+        f"over the background cells (farther than {AWAY} rad from every atom) with f_char < 10⁻⁴, and their "
+        "number.", "",
+        f"| state | nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char | background p90 (cells) |",
+        "|---|---|---|---|" + "---|" * len(BANDS) + "---|---|", *rows, ""]
+    path = out / "background_tails.md"
+    path.write_text("\n".join(lines))
+    say(f"  wrote {path}")
+    return path
+
+
 def _backward(field, points, t, dt=0.025):
     """(X₀(y), ∫₀ᵗ div_S v ds) along the backward characteristics from points at time t."""
     y = np.array(points, dtype=float)
@@ -274,8 +322,13 @@ def main(argv=None):
     parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
     parser.add_argument("--t", type=float, nargs="+", default=[2.0, 4.0, 6.0, 8.0])
     parser.add_argument("--out", default=None)
+    parser.add_argument("--tails", action="store_true",
+                        help="instead: finite volumes and tails from log f side by side (background_tails.md)")
     args = parser.parse_args(argv)
-    report(tuple(args.nside), tuple(args.t), args.out)
+    if args.tails:
+        tails_report(tuple(args.nside), tuple(args.t), args.out)
+    else:
+        report(tuple(args.nside), tuple(args.t), args.out)
 
 
 if __name__ == "__main__":
