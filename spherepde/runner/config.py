@@ -53,8 +53,8 @@ A config has the sections
                    tail_interval (longest time between couplings, (0, 1]), tail_level (tail cells:
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
                    around an atom kept by the finite volumes, [0, 8]), tail_follow (default true:
-                   between couplings the tail cells follow g's rate −v·∇g − div v; false: the
-                   finite volumes move them)
+                   between couplings the tail cells follow g's rate over the last interval;
+                   false: the finite volumes move them)
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4": fixed step
                    dt | "dopri5" | "bs32": embedded pairs with error control, dt the first step,

@@ -542,6 +542,7 @@ class RunSetup:
             arrays.update({name: rec[name] for name in ATOM_DIAGNOSTICS})
         if self.solver.tails is not None:
             arrays["log_density"] = self.solver.tails.g
+            arrays["log_density_rate"] = self.solver.tails.rate
         measure = self._measure_of(k)
         points, weights = measure.measure(f, xa, ma)
         lyap = measure.lyapunov(f, xa, ma)

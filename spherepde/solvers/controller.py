@@ -50,6 +50,7 @@ class SolverState:
     atoms: dict | None = None  # Atoms.state() (arrays and counters), when atoms are on
     heat_products: int = 0  # sparse products of the heat flow so far, with noise
     log_density: np.ndarray | None = None  # g = log f at the centroids, with tails
+    log_density_rate: np.ndarray | None = None  # g's rate over the last coupling interval, with tails
 
     @classmethod
     def from_record(cls, index, density, record, arrays=None):
@@ -65,7 +66,8 @@ class SolverState:
                    float(record["integrated_sup_div"]), float(record["max_sup_div"]),
                    float(record["velocity_interval"]), float(record["velocity_interval_linear"]), atoms,
                    int(record.get("heat_products", 0)),
-                   None if arrays is None or "log_density" not in arrays else np.array(arrays["log_density"], dtype=float))
+                   *(None if arrays is None or name not in arrays else np.array(arrays[name], dtype=float)
+                     for name in ("log_density", "log_density_rate")))
 
 
 @dataclass
@@ -128,12 +130,15 @@ class EulerianController:
         if tails is not None:
             if start.index > 0 and start.log_density is None:
                 raise ValueError("a run with tails continues from a state with its log_density")
+            rate = None
             if start.index > 0:
-                g = start.log_density
+                g, rate = start.log_density, start.log_density_rate
+                if tails.follow and rate is None:
+                    raise ValueError("a run whose tails follow g continues from a state with its log_density_rate")
             else:
                 with np.errstate(divide="ignore"):
                     g = np.log(f) if log_f0 is None else log_f0
-            tails.start(times[start.index], g, f, atoms)
+            tails.start(times[start.index], g, f, atoms, rate)
         # the stepper counts over its lifetime; report the counts since t = 0
         steps_before = stepper.steps - start.steps
         rejected_before = stepper.rejected - start.rejected

@@ -234,6 +234,7 @@ class EulerianSolver:
                 atom_states.append(dict(self.atoms.state(), **{name: rec[name] for name in ATOM_DIAGNOSTICS}))
                 if self.tails is not None:
                     atom_states[-1]["log_density"] = self.tails.g.copy()
+                    atom_states[-1]["log_density_rate"] = self.tails.rate.copy()
             if on_snapshot is not None:
                 on_snapshot(k, t, f, rec)
             if bar is not None:

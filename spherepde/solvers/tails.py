@@ -26,9 +26,10 @@ At every coupling time t₁ (each save interval cut into equal parts of at most 
 5. between two couplings (follow=True, the default) the cells below the level and away from the
    atoms at the last coupling t₁ are not left to the finite volumes, which move a tail that
    falls by a decade per cell by 0.2–0.9 decades within 0.05 in time (β = 30, nside 16): after
-   every step they take f(t₁)·e^{(t − t₁)∂g/∂t}, ∂g/∂t = −v·∇g − div_S v at t₁ (capped at the
-   level then), the rest scaled to keep the mass; an atom's creation or merger stops this until
-   the next coupling.
+   every step they take f(t₁)·e^{(t − t₁)r}, r = (g(t₁) − g(t₀))/(t₁ − t₀) g's rate over the
+   last interval along the characteristics (at the start −v·∇g − div_S v in the field of the
+   initial state; capped at the level then), the rest scaled to keep the mass; an atom's creation
+   or merger stops this until the next coupling. r is part of the state (`log_density_rate`).
 The conservative scheme thus keeps the bulk and the atoms, and the tails are those of the
 characteristics. Save times are coupling times, so a snapshot's f, atoms and g are the whole
 state: a resumed run repeats the uninterrupted one.
@@ -82,6 +83,7 @@ class LogTails:
         self.interpolant = QuadraticInterpolant(mesh, limited=limited)
         self.reach = self.exclusion * math.sqrt(mesh.area)  # chordal ≈ geodesic at this size
         self.g = None
+        self.rate = None  # ∂g/∂t at the centroids that the tail cells follow until the next coupling
         self.t = math.nan
         self._previous = None  # the field of the state at self.t
         self.last = {}
@@ -94,14 +96,16 @@ class LogTails:
         model = self.model
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 
-    def start(self, t, g, f, atoms):
-        """g (log f at the centroids) at time t, with the state (f, atoms) there."""
+    def start(self, t, g, f, atoms, rate=None):
+        """g (log f at the centroids) at time t, with the state (f, atoms) there; rate: g's rate
+        saved with it (a resumed run), else −v·∇g − div_S v in the field of the state (log_rate)."""
         g = np.array(g, dtype=float)
         if g.shape != (self.mesh.npix,) or not np.isfinite(g).all():
             raise ValueError(f"tails need log f at the {self.mesh.npix} centroids, finite (f > 0 everywhere)")
         self.g, self.t = g, float(t)
         self._previous = self.field_of(f, atoms)
         self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
+        self.rate = self.log_rate(self._previous) if rate is None else np.array(rate, dtype=float)
         self._anchor_at(t, f, atoms)
 
     def couple(self, t, f, atoms) -> bool:
@@ -119,7 +123,9 @@ class LogTails:
             (va, da), (vb, db) = before(x), now(x)
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
+        g_before = self.g
         self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt)
+        self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
         f_log = self.interpolant.cell_averages_of_exp(g)
         near = self._near_atoms(atoms)
@@ -178,8 +184,7 @@ class LogTails:
         if not cells.size:
             self._anchor = None
             return
-        rate = self.log_rate(self._previous)
-        self._anchor = (float(t), cells, f[cells].copy(), rate[cells], self.level * f.max())
+        self._anchor = (float(t), cells, f[cells].copy(), self.rate[cells], self.level * f.max())
 
     def forget_anchor(self):
         """Follow nothing until the next coupling: the atoms changed (a new atom's patch decides
@@ -187,11 +192,11 @@ class LogTails:
         self._anchor = None
 
     def follow_tail(self, t, f, atoms):
-        """Between two couplings (t after the last, before the next): the followed tail cells take
-        their values at the coupling times e^{(t − t₁)∂g/∂t}, at most the level × the largest f
-        then, in place; the rest of the measure is scaled to keep the mass. Without this the finite
-        volumes move accurate tails by 0.2–0.9 decades in an interval of 0.05 (nside 16, β = 30),
-        where this first-order extrapolation of g is off by 0.01–0.09 (docs/numerics.md)."""
+        """Between two couplings (t after the last, t₁, before the next): the followed tail cells
+        take their values at t₁ times e^{(t − t₁)r} (r = self.rate), at most the level × the
+        largest f then, in place; the rest of the measure is scaled to keep the mass. Without this
+        the finite volumes move accurate tails by 0.15–0.9 decades within an interval of 0.05
+        (nside 16, β = 30, t = 6–16), where following is off by 0.04–0.12 (docs/numerics.md)."""
         if self._anchor is None:
             return
         t1, cells, values, rate, cap = self._anchor

@@ -133,6 +133,8 @@ TAIL_META = {
 # per-snapshot arrays of the tails (part of the state a resume restores)
 TAIL_ARRAYS = {
     "log_density": (("cell",), "log f at the cell centroids, carried along characteristics (f in sr-1)", "1"),
+    "log_density_rate": (("cell",), "rate of log f at the centroids over the last coupling interval, which the "
+                         "tail cells follow until the next coupling", "1/time"),
 }
 
 # ---------------------------------------------------------------------- diagnostics of a measure

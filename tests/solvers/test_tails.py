@@ -43,6 +43,8 @@ def _finite_beta_run(tails, times, start=None, nside=8, velocity_tolerance=1e-3)
     out = []
     for k, t, f, rec in solver.snapshots(LAW.cell_averages(mesh), times, start=start, log_f0=log_f0):
         state = solver.atoms.state()
+        if solver.tails is not None:
+            state = dict(state, log_density=solver.tails.g.copy(), log_density_rate=solver.tails.rate.copy())
         out.append((k, t, f.copy(), dict(rec), state, None if solver.tails is None else solver.tails.g.copy(),
                     solver.total_mass(f)))
     return out
@@ -64,9 +66,13 @@ def test_mass_is_kept_and_f_stays_positive(beta30):
 
 
 def test_resume_from_a_snapshot_repeats_the_run(beta30):
-    """The state of snapshot 3 (density, atoms, log density, records) continues exactly."""
+    """The state of snapshot 3 (density, atoms, log density and its rate, records) continues
+    exactly; without the rate a run that follows g refuses to continue."""
     k, t, f, rec, state, g, _ = beta30[3]
-    start = SolverState.from_record(k, f, rec, dict(state, log_density=g))
+    start = SolverState.from_record(k, f, rec, state)
+    without_rate = SolverState.from_record(k, f, rec, {n: v for n, v in state.items() if n != "log_density_rate"})
+    with pytest.raises(ValueError, match="log_density_rate"):
+        _finite_beta_run({}, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], start=without_rate)
     resumed = _finite_beta_run({}, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], start=start)
     for (_, _, f_a, rec_a, _, g_a, _), (_, _, f_b, rec_b, _, g_b, _) in zip(beta30[4:], resumed):
         assert np.array_equal(f_a, f_b) and np.array_equal(g_a, g_b)
