@@ -190,8 +190,12 @@ def read_summary(out, cell: Cell, systems=SYSTEMS):
     path = summary_path(out, cell)
     if not path.is_file():
         return None
+    from ..runner.config import difference
+
     data = json.loads(path.read_text())
-    if data.pop("config", None) != json.loads(json.dumps(cell_config(cell, systems))):
+    stored = data.pop("config", None)
+    # the run files' rule: keys added since (at the value they imply) and idle keys do not count
+    if stored is None or difference(stored, json.loads(json.dumps(cell_config(cell, systems)))) is not None:
         return None  # made by another config: run the cell again
     return {k: ([math.nan if x is None else x for x in v] if isinstance(v, list) else v) for k, v in data.items()}
 

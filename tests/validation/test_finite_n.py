@@ -2,6 +2,7 @@
 another way, the mean-field values read from the committed reports, and a tiny study run end to
 end (batched cells cached, reused, resumed; missing cells named in the report)."""
 
+import json
 import math
 
 import numpy as np
@@ -176,4 +177,8 @@ def test_cell_summary_round_trip_keeps_missing_onsets_and_refuses_another_config
     got = finite_n.read_summary(tmp_path, cell)
     assert got["onset"][0] == 7.5 and math.isnan(got["onset"][1]) and got["max_E"] == [0.97, 0.98]
     assert finite_n.read_summary(tmp_path, cell, systems=4) is None  # another config: run again
+    stored = json.loads(path.read_text())  # a key added since (at the value it implies) still agrees
+    del stored["config"]["eulerian"]["tail_follow"]
+    path.write_text(json.dumps(stored))
+    assert finite_n.read_summary(tmp_path, cell)["max_E"] == [0.97, 0.98]
     assert finite_n.read_summary(tmp_path, finite_n.Cell("vmf", 30.0, 1000)) is None
