@@ -409,6 +409,7 @@ HYBRID_VARIANTS = {
     "finite volumes + atoms": None,
     "tails from log f": {},
     "tails from log f, coupling every 0.05": {"interval": 0.05},
+    "tails from log f, coupling every 0.025": {"interval": 0.025},
     "tails from log f, not followed between couplings": {"follow": False},
     "tails from log f, the prototype's coupling": {"reset": "bulk", "limited": True, "criterion": "fv",
                                                    "follow": False},
@@ -490,7 +491,7 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` with its defaults "
         "(spherepde.solvers.tails: g never reset outside the atoms' neighbourhoods, unlimited interpolant, a "
         "cell is in the tail when min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f, couplings every 0.1, "
-        "between them the tail cells follow g's rate −v·∇g − div v); the same with couplings every 0.05; "
+        "between them the tail cells follow g's rate −v·∇g − div v); the same with couplings every 0.05 and 0.025; "
         "the same with the tail cells left to the finite volumes between couplings (`tail_follow = false`); "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
         "not followed). x₂: of the heaviest atom (F = span e₂).\n\n"
