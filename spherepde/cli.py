@@ -2,7 +2,7 @@
 volumes with atoms, particles and tokens), run from TOML configs, written as NetCDF run files.
 
     spherepde run CONFIG.toml [--set section.key=value ...] [-o PATH] [--overwrite | --resume]
-    spherepde plot RUN.nc [-o DIR] [--movie [--frames N] [--fps F]]
+    spherepde plot RUN.nc [-o DIR] [--movie [--frames N] [--fps F]] [--system K]
     spherepde validate [SUITE ...] --out DIR [--slow] [--quick] [--nside N ...]   (spherepde validate --help lists the suites)
     spherepde sweep SWEEP.toml [--scheduler ADDRESS | --workers N] [--out DIR] [--overwrite] [-v]
 
@@ -92,6 +92,8 @@ def build_parser():
                       help="most frames of the movie: longer runs are subsampled evenly "
                       f"(default {DEFAULT_MOVIE_FRAMES})")
     plot.add_argument("--fps", type=float, default=8.0, metavar="F", help="movie frames per second (default 8)")
+    plot.add_argument("--system", type=int, default=0, metavar="K",
+                      help="a file of batched systems ([particles] systems): which one to plot (default 0)")
 
     add_validation_arguments(sub.add_parser("validate", help="run validation suites and write reports"))
 
@@ -206,11 +208,15 @@ def _plot(args):
         raise UsageError(f"RUN_FILE {run_file}: no such file")
     out = _check_output_dir(args.out if args.out else run_file.parent, "-o")
     from .storage.runfile import RunFileError
+    from .visualization.plots import NotPlottable
 
     try:
-        paths = plot_run(run_file, out, movie=args.movie, max_frames=frames, fps=args.fps)
+        paths = plot_run(run_file, out, movie=args.movie, max_frames=frames, fps=args.fps, system=args.system)
     except RunFileError as exc:
         raise UsageError(f"RUN_FILE {exc}") from None
+    except NotPlottable as exc:
+        message = str(exc)
+        raise UsageError(message if message.startswith("--") else f"RUN_FILE {run_file}: {exc}") from None
     except (OSError, ValueError, KeyError) as exc:
         raise UsageError(f"RUN_FILE {run_file}: not a spherepde run file ({exc})") from None
     for p in paths:

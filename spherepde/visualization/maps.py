@@ -329,6 +329,8 @@ def figure_title(ds) -> str:
     else:
         nside = ds.attrs.get("nside", eulerian.get("nside"))
         mesh = f"HEALPix nside {nside}" if nside is not None else "mesh unknown"
+    if "plotted_system" in ds.attrs:  # one system of a batched run (visualization.plots.select_system)
+        mesh += f", {ds.attrs['plotted_system']}"
     version = ds.attrs.get("spherepde_version")
     if version is None:
         from ..version import __version__ as version

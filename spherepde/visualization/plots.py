@@ -26,6 +26,8 @@ the lowest colour, capped at 10⁻⁶ of the maximum), else linear; NaN cells ar
 
 from __future__ import annotations
 
+import json
+
 import math
 import textwrap
 from pathlib import Path
@@ -413,10 +415,31 @@ def partial_note(ds) -> str | None:
     return note + (f" ({failure})" if failure else " (interrupted; --resume continues it)")
 
 
-def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fps=8, dpi=110) -> list[Path]:
+class NotPlottable(ValueError):
+    """A valid run file that these figures cannot show (tokens off S², a system out of range)."""
+
+
+def select_system(ds, system: int):
+    """One system of a run file of batched systems (`[particles] systems = M`): its positions and
+    per-system diagnostics as those of a single run, its number and seed in attrs["plotted_system"];
+    a file without a system dimension is returned as it is."""
+    if "system" not in ds.dims:
+        return ds
+    count = ds.sizes["system"]
+    if not 0 <= system < count:
+        raise NotPlottable(f"--system: the file holds systems 0 … {count - 1}, got {system}")
+    seed = json.loads(ds.attrs["config"]).get("particles", {}).get("seed", 0) if "config" in ds.attrs else 0
+    one = ds.isel(system=system)
+    one.attrs["plotted_system"] = f"system {system} of {count} (seed {int(seed) + system})"
+    return one
+
+
+def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fps=8, dpi=110,
+             system: int = 0) -> list[Path]:
     """Write `<stem>_density.png`, `<stem>_diagnostics.png` and `<stem>_sphere.png` for a run file
     (stem: the run file's name without .nc) into out_dir, and with movie=True `<stem>_movie.mp4` and
-    `<stem>_movie.gif`; returns the paths."""
+    `<stem>_movie.gif`; returns the paths. A file of batched systems: system number `system`
+    (select_system). Tokens on S^{d−1}, d ≠ 3: NotPlottable (the maps are of S²)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -426,7 +449,10 @@ def plot_run(run_file, out_dir, movie=False, max_frames=DEFAULT_MOVIE_FRAMES, fp
 
     if int(max_frames) < 1:
         raise ValueError(f"the number of movie frames must be >= 1, got {max_frames}")
-    ds = open_run(run_file)
+    ds = select_system(open_run(run_file), int(system))
+    if "positions" in ds and ds["positions"].shape[-1] != 3:  # tokens on S^{d−1}, d ≠ 3
+        raise NotPlottable(f"its tokens live on the sphere in R^{ds['positions'].shape[-1]}, and these figures "
+                           "map S²; its diagnostics are variables of the file")
     label = DENSITY_LABEL
     if "density" not in ds and "positions" in ds:  # the particles alone: their histogram
         ds = token_histogram(ds)

@@ -117,3 +117,39 @@ def open_combined(path):
 
     with xr.open_dataset(path) as ds:
         return ds.load()
+
+
+def test_plot_of_one_system_of_a_batch(tmp_path, capsys):
+    """`spherepde plot --system K` on a file of batched systems shows system K, which is the single
+    run with seed + K (its token histogram equal to that run's); a system out of range and tokens
+    off S² are one error line each, exit 2."""
+    from spherepde.visualization.plots import select_system, token_histogram
+
+    batch = tmp_path / "batch.toml"
+    batch.write_text(PAPER_VMF_CONFIG + ALONE + TOKENS.format(mode="tokens").replace("seed = 5", "seed = 5\nsystems = 2")
+                     .replace("t_end = 1.0", "t_end = 0.3"))
+    single = tmp_path / "single.toml"
+    single.write_text(PAPER_VMF_CONFIG + ALONE + TOKENS.format(mode="tokens").replace("seed = 5", "seed = 6")
+                      .replace("t_end = 1.0", "t_end = 0.3"))
+    for cfg in (batch, single):
+        assert main(["run", str(cfg), "-o", str(cfg.with_suffix(".nc"))]) == 0
+    out = tmp_path / "figs"
+    out.mkdir()
+    assert main(["plot", str(tmp_path / "batch.nc"), "-o", str(out), "--system", "1"]) == 0
+    assert all((out / f"batch_{s}.png").stat().st_size > 10_000 for s in ("density", "diagnostics", "sphere"))
+    one = select_system(open_run(tmp_path / "batch.nc"), 1)
+    assert one.attrs["plotted_system"] == "system 1 of 2 (seed 6)"
+    np.testing.assert_array_equal(token_histogram(one).density.values,
+                                  token_histogram(open_run(tmp_path / "single.nc")).density.values)
+    capsys.readouterr()
+    assert main(["plot", str(tmp_path / "batch.nc"), "-o", str(out), "--system", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--system" in err[0]
+
+    d4 = tmp_path / "d4.toml"
+    d4.write_text('[model]\nbeta = 2.0\nB = "identity"\nV = "identity"\ndimension = 4\n[initial]\nkind = "uniform"\n'
+                  + ALONE + TOKENS.format(mode="tokens").replace("t_end = 1.0", "t_end = 0.2"))
+    assert main(["run", str(d4), "-o", str(tmp_path / "d4.nc")]) == 0
+    assert main(["plot", str(tmp_path / "d4.nc"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "R^4" in err[0] and not (out / "d4_density.png").exists()
