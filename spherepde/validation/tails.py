@@ -118,7 +118,7 @@ def zero_temperature_run(nside, scheme="muscl", times=TIMES, atoms=True, **optio
     return out, time.perf_counter() - start
 
 
-SL_STEPS = (0.1, 0.2)  # Δt of the semi-Lagrangian prototype
+SL_STEPS = (0.025, 0.05, 0.1, 0.2, 0.4)  # Δt of the semi-Lagrangian transport alone: its error against Δt
 
 
 def zero_temperature_field_of(M):
@@ -220,7 +220,11 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=tuple(STATES), 
               *_table(sl_results, nsides, labels, times, "median", e), "", "90th percentile:", "",
               *_table(sl_results, nsides, labels, times, "p90", e), "", "Observed order of the 90th percentile:", "",
               *_orders(sl_results, nsides, labels, times, "p90"), "", "min f_h / min f:", "",
-              *_table(sl_results, nsides, labels, times, "min_ratio", lambda x: f"{x:.5f}")]
+              *_table(sl_results, nsides, labels, times, "min_ratio", lambda x: f"{x:.5f}"), "",
+              "Below Δt ≈ 0.2 the error grows as the step shrinks: every step interpolates g once (an error "
+              "of about h³ per step, the stencil's third derivatives), and those errors add up over t/Δt steps, "
+              "while the error of the paths falls as Δt⁴. Coupling the tails every 0.1 or less, as the solver "
+              "does, sits on the interpolation side at nside 16."]
     path = out / "tails.md"
     path.write_text("\n".join(lines) + "\n")
     return path
