@@ -50,7 +50,8 @@ A config has the sections
                    steep background in place where the floor cuts a notch); tails ("finite_volume"
                    (default) | "log": the tails of f from log f carried along characteristics,
                    spherepde.solvers.tails; needs atoms, one head, no layers, no noise) with
-                   tail_interval (longest time between couplings, (0, 1]), tail_level (tail cells:
+                   tail_interval (longest time between couplings, default 0.2, (0, 1]; the save
+                   times cut it too), tail_level (tail cells:
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
                    around an atom kept by the finite volumes, [0, 8]), tail_follow (default true:
                    between couplings the tail cells follow g's rate over the last interval;
@@ -121,7 +122,7 @@ DEFAULTS = {
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 1e-3,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
-                 "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.1, "tail_level": 1e-3,
+                 "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,

@@ -18,7 +18,7 @@ from spherepde.models.initial import ProjectedNormal, Uniform
 from spherepde.runner.config import ConfigError, resolve
 from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
-from spherepde.solvers.tails import coupling_times
+from spherepde.solvers.tails import TAIL_INTERVAL, coupling_times
 from spherepde.storage.runfile import open_run
 from spherepde.transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from spherepde.validation.tails import exact_cell_averages, zero_temperature_field_of
@@ -120,8 +120,9 @@ def test_g_is_the_characteristics_log_density(zero_temperature):
     field = zero_temperature_field_of(PAPER_V @ PAPER_B.T)
 
     g = np.full(mesh.npix, -math.log(4 * math.pi))
-    for n in range(20):  # to t = 2 in couplings of 0.1
-        g = advance_log_density(interpolant, g, field, 0.1 * n, 0.1)
+    steps = round(2.0 / TAIL_INTERVAL)  # to t = 2 in the default couplings
+    for n in range(steps):
+        g = advance_log_density(interpolant, g, field, TAIL_INTERVAL * n, TAIL_INTERVAL)
     f_fv, f_tails, g_tails, _ = out[2.0]
     far = np.abs(mesh.centroids[:, 0]) < 0.5  # > 60° from ±e₁, where the atoms are
     assert np.max(np.abs(g_tails[far] - g[far])) < 1e-10
@@ -154,7 +155,7 @@ def test_between_couplings_the_tail_follows_g_closer_than_the_finite_volumes():
     times = [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]
     drift = {}
     for follow in (False, True):
-        solver = EulerianSolver(mesh, model, atoms={}, tails={"follow": follow})
+        solver = EulerianSolver(mesh, model, atoms={}, tails={"follow": follow, "interval": 0.1})
         runs = solver.snapshots(Uniform().cell_averages(mesh), times)
         drift[follow] = {t: rec["tail_drift"] for _, t, _, rec in runs}
     late = [t for t in times if t >= 3.5]
