@@ -422,18 +422,19 @@ HYBRID_VARIANTS = {
 }
 
 
-def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None):
+def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None, law=None):
     """The paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
     (velocity_tolerance 1e-3, atoms), with the tails of spherepde.solvers.tails (options, or None:
-    the finite volumes alone): per save time t, alignment with E and F, the largest background
+    the finite volumes alone; law: another initial law): per save time t, alignment with E and F, the largest background
     share at an atom, x₂ of the heaviest atom, min f, the tail cells; and the wall time."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, beta)
     solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={}, tails=tails)
     times = [round(k * save_every, 12) for k in range(int(round(t_end / save_every)) + 1)]
     start, rows = time.perf_counter(), []
-    log_f0 = np.log(PROJECTED_NORMAL.density(mesh.centroids))
-    for k, t, f, rec in solver.snapshots(PROJECTED_NORMAL.cell_averages(mesh), times, log_f0=log_f0):
+    law = PROJECTED_NORMAL if law is None else law
+    log_f0 = np.log(law.density(mesh.centroids))
+    for k, t, f, rec in solver.snapshots(law.cell_averages(mesh), times, log_f0=log_f0):
         x, m = solver.atoms.points()
         points, weights = mesh_sources(mesh, f, x, m)
         rows.append({"t": t, "E": alignment(points, weights, model.E.basis),
