@@ -161,7 +161,7 @@ class LogTails:
         self._previous = self.field_of(f, atoms) if changed else now
         self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift}
         self.tail = tail
-        self._anchor_at(t, f, atoms)
+        self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
         return changed
 
     def log_rate(self, field):
@@ -175,14 +175,15 @@ class LogTails:
         along = slope[:, 0] * np.sum(v * interp.e1, axis=1) + slope[:, 1] * np.sum(v * interp.e2, axis=1)
         return -along - div
 
-    def _anchor_at(self, t, f, atoms):
+    def _anchor_at(self, t, f, atoms, near=None):
         """The tail cells to follow after a coupling at t: the cells below the level, away from
         the atoms, with their values and the rates of g there. A function of the state (t, f,
         atoms, g) alone, so a run resumed from a snapshot follows exactly what the uninterrupted
         run followed."""
         if not self.follow:
             return
-        cells = np.flatnonzero((f < self.level * f.max()) & (f > 0) & ~self._near_atoms(atoms))
+        near = self._near_atoms(atoms) if near is None else near
+        cells = np.flatnonzero((f < self.level * f.max()) & (f > 0) & ~near)
         if not cells.size:
             self._anchor = None
             return
