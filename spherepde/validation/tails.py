@@ -39,7 +39,7 @@ from ..analysis.exact import zero_temperature_density
 from ..analysis.metrics import f_phase_onset, max_alignment
 from ..geometry.mesh import HealpixMesh
 from ..models.attention import AttentionModel
-from ..models.initial import ProjectedNormal, Uniform
+from ..models.initial import ProjectedNormal, Uniform, VonMisesFisher
 from ..solvers.eulerian import EulerianSolver
 from ..solvers.log_density import LogDensitySolver
 from ..solvers.particles import ParticleSolver, quadrature_particles
@@ -422,6 +422,11 @@ HYBRID_VARIANTS = {
 }
 
 
+# The initial laws of solvers/paper_beta.toml: (law, cache-file prefix).
+PAPER_VMF = VonMisesFisher(np.ones(3) / math.sqrt(3.0), 2.0)
+HYBRID_LAWS = {"projected normal": (PROJECTED_NORMAL, ""), "von Mises–Fisher": (PAPER_VMF, "vmf_")}
+
+
 def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None, law=None):
     """The paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
     (velocity_tolerance 1e-3, atoms), with the tails of spherepde.solvers.tails (options, or None:
@@ -456,9 +461,10 @@ def hybrid_options(options):
     return options, options.pop("save_every", 0.1)
 
 
-def hybrid_key(cache, n, beta, name):
-    """The cached run of a variant (JSON)."""
-    return Path(cache) / f"beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}.json"
+def hybrid_key(cache, n, beta, name, law="projected normal"):
+    """The cached run of a variant (JSON); the laws other than the projected normal carry a prefix."""
+    prefix = HYBRID_LAWS[law][1]
+    return Path(cache) / f"{prefix}beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}.json"
 
 
 def _summary_of(rows):
@@ -474,53 +480,60 @@ def _summary_of(rows):
             "E_end": rows[-1]["E"], "F_end": rows[-1]["F"]}
 
 
-def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True):
+def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True, laws=None, variants=None):
     """OUT/hybrid.md: the paper's question at β with the tails in the solver, per mesh and variant
     (HYBRID_VARIANTS): F-onset, max alignment with E, max alignment with F after it and its time, the time
     the heaviest atom reaches |x₂| = ½ (the companion metric), the alignments at t = 20, and the
     wall time. Every run is kept as JSON in `cache` (default OUT/hybrid_runs) and reused, so an
     interrupted study continues where it stopped; run_missing=False writes the table of the runs
-    already kept, the others marked "not run yet"."""
+    already kept and leaves the others out; laws / variants (names in HYBRID_LAWS / HYBRID_VARIANTS,
+    default all) limit the runs started, not the rows of runs already kept."""
     import json
 
     out = Path(out)
     cache = Path(cache) if cache is not None else out / "hybrid_runs"
     cache.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for n in nsides:
-        for name, options in HYBRID_VARIANTS.items():
-            key = hybrid_key(cache, n, beta, name)
-            if key.exists():
-                result = json.loads(key.read_text())
-            elif not run_missing:
-                lines.append(f"| {n} | {name} | not run yet | | | | | |")
-                continue
-            else:
-                tails, save_every = hybrid_options(options)
-                result = hybrid_series(n, beta, tails, save_every=save_every, say=say)
-                key.write_text(json.dumps(result))
-            s = _summary_of(result["rows"])
-            fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
-            lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
-                         f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
-                         f"{s['E_end']:.3f} / {s['F_end']:.3f} | {result['wall']:.0f} |")
+    sections = []
+    for law_name, (law, _) in HYBRID_LAWS.items():
+        if laws is not None and law_name not in laws:
+            continue
+        lines = []
+        for n in nsides:
+            for name, options in HYBRID_VARIANTS.items():
+                key = hybrid_key(cache, n, beta, name, law_name)
+                if key.exists():
+                    result = json.loads(key.read_text())
+                elif not run_missing or (variants is not None and name not in variants):
+                    continue
+                else:
+                    tails, save_every = hybrid_options(options)
+                    result = hybrid_series(n, beta, tails, save_every=save_every, say=say, law=law)
+                    key.write_text(json.dumps(result))
+                s = _summary_of(result["rows"])
+                fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
+                lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
+                             f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
+                             f"{s['E_end']:.3f} / {s['F_end']:.3f} | {result['wall']:.0f} |")
+        sections.append(
+            f"## {law_name[0].upper() + law_name[1:]} ({law!r})\n\n"
+            "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
+            "E / F at t = 20 | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
     path = out / "hybrid.md"
     path.write_text(
         f"# The paper's question at β = {beta:g} with the tails in the solver\n\n"
         f"`python -m spherepde.validation.tails --hybrid --nside {' '.join(map(str, nsides))}` "
         f"({time.strftime('%Y-%m-%d')}; runs kept in `{cache.name}/` and reused). The paper's matrices, the "
-        "projected-normal law of `solvers/paper_beta.toml`, velocity_tolerance 1e-3, atoms, save every 0.1, "
+        "projected-normal and von Mises–Fisher laws of `solvers/paper_beta.toml`, velocity_tolerance 1e-3, atoms, saves every 0.1 unless said, "
         "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` with its defaults "
         "(spherepde.solvers.tails: g never reset outside the atoms' neighbourhoods, unlimited interpolant, a "
         "cell is in the tail when min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f, couplings at most every "
         "0.2 and at the saves, here every 0.1, "
-        "between them the tail cells follow g's rate −v·∇g − div v); the same with couplings every 0.05, 0.025, and every 0.2 and 0.4 with saves as far apart (the save "
+        "between them the tail cells follow the rate of g over the last interval along the characteristics); the same with couplings every 0.05, 0.025, and every 0.2 and 0.4 with saves as far apart (the save "
         "times bound the coupling interval; F-onset and the time at |x₂| = ½ then resolved to the save interval); "
         "the same with the tail cells left to the finite volumes between couplings (`tail_follow = false`); "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
         "not followed). x₂: of the heaviest atom (F = span e₂).\n\n"
-        "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
-        "E / F at t = 20 | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+        + "\n".join(sections))
     return path
 
 
@@ -533,11 +546,16 @@ if __name__ == "__main__":
                         help="instead: the paper's question at beta = 30 with the tails in the solver (hybrid.md)")
     parser.add_argument("--cached", action="store_true",
                         help="with --hybrid: the table of the runs already kept, without running the others")
+    parser.add_argument("--laws", nargs="+", choices=list(HYBRID_LAWS),
+                        help="with --hybrid: run only these initial laws (default all)")
+    parser.add_argument("--variants", nargs="+", choices=list(HYBRID_VARIANTS),
+                        help="with --hybrid: run only these variants (default all; kept runs are always shown)")
     parser.add_argument("--coupling", action="store_true",
                         help="instead: the F-onset at beta = 30 of the coupled tails and the log-density state (coupling.md)")
     args = parser.parse_args()
     if args.hybrid:
-        print(hybrid_report(args.out, args.nside, run_missing=not args.cached))
+        print(hybrid_report(args.out, args.nside, run_missing=not args.cached, laws=args.laws,
+                           variants=args.variants))
     elif args.coupling:
         print(coupling_report(args.out, args.nside))
     else:
