@@ -9,7 +9,8 @@ the steps, or over the exact evaluations when the velocity is extrapolated), whi
 a-posteriori density bound ℓ₀·exp(−∫₀ᵗ sup div v ds); and at a switch of layer the new layer's
 summation objects and its sup div v (the right limit, which starts the next trapezoid).
 With tails from log f (spherepde.solvers.tails) a step lands on every coupling time, where the
-tail cells are substituted right after the atom update (a change of the source measure).
+tail cells are substituted right after the atom update (a change of the source measure); a run
+with tails continues from a snapshot at a coupling time (log_density_time = time).
 
 A run can be continued from any snapshot: the record of a snapshot holds all the state besides
 the density (SolverState.from_record), so `snapshots(f0, times, start=state)` continues exactly
@@ -26,7 +27,7 @@ import numpy as np
 from ..storage.schema import ATOM_ARRAYS
 from ..transport.stepping import StepSizeCollapse
 from .guards import RunFailure
-from .tails import coupling_times
+from .tails import coupling_schedule
 from .timeline import segments
 
 __all__ = ["EulerianController", "RunState", "SolverState"]
@@ -132,6 +133,9 @@ class EulerianController:
                 raise ValueError("a run with tails continues from a state with its log_density")
             rate = None
             if start.index > 0:
+                if times[start.index] not in coupling_schedule(times, tails.interval)[start.index - 1]:
+                    raise ValueError(f"a run with tails continues from a snapshot at a coupling time, not "
+                                     f"t = {times[start.index]:g} (its log_density is of the last coupling)")
                 g, rate = start.log_density, start.log_density_rate
                 if tails.follow and rate is None:
                     raise ValueError("a run whose tails follow g continues from a state with its log_density_rate")
@@ -156,14 +160,15 @@ class EulerianController:
             lag.clear_error()
             velocity.forget_routes()
 
+        couplings = coupling_schedule(times, tails.interval) if tails is not None else None
         for k in range(first, len(times)):
             state.t_save = times[k]
             state.f = f
             if k > 0:
                 breaks = tuple(solver.schedule.switch_times)
                 if tails is not None:
-                    state.couplings = tuple(coupling_times(times[k - 1], state.t_save, tails.interval))
-                    breaks += state.couplings[:-1]
+                    state.couplings = couplings[k - 1]
+                    breaks += tuple(c for c in state.couplings if c != state.t_save)
                 try:
                     # a step lands on every switch time (spherepde.models.schedule) and coupling time
                     for t0, t1 in segments(times[k - 1], state.t_save, breaks):
@@ -263,7 +268,7 @@ class EulerianController:
                            "mesh_mass": mesh.integrate(f), "atoms_created": atoms.created_count,
                            "atoms_merged": atoms.merged_count, "atoms_refused": atoms.refused_count})
         if solver.tails is not None:
-            record.update(solver.tails.last)
+            record.update(solver.tails.last, log_density_time=solver.tails.t)
         if solver.noise is not None:
             record.update({"noise": solver.noise(t_save), "noise_integral": solver.noise.integral(0.0, t_save),
                            "heat_products": solver.diffusion.products - products_before})

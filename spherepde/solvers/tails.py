@@ -13,7 +13,8 @@ point by the quadratic interpolant, unlimited by default: limiting clips g at th
 the mass gathers).
 
 The hybrid state is f (cell averages, finite volumes), the atoms, and g at the cell centroids.
-At every coupling time t₁ (each save interval cut into equal parts of at most `interval`):
+At every coupling time t₁ (as far apart as `interval` allows, whatever the saves:
+coupling_schedule):
 1. g is advanced from the previous coupling time t₀ in the field of the state, linear in time
    between the state at t₀ and the state at t₁ (the attention sums of f dA + atoms);
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
@@ -31,8 +32,9 @@ At every coupling time t₁ (each save interval cut into equal parts of at most 
    initial state; capped at the level then), the rest scaled to keep the mass; an atom's creation
    or merger stops this until the next coupling. r is part of the state (`log_density_rate`).
 The conservative scheme thus keeps the bulk and the atoms, and the tails are those of the
-characteristics. Save times are coupling times, so a snapshot's f, atoms and g are the whole
-state: a resumed run repeats the uninterrupted one.
+characteristics. A snapshot at a coupling time holds the whole state (f, atoms, g, r); one between
+couplings holds g and r of the last coupling (`log_density_time`), and a run resumed after it
+continues from the last snapshot at a coupling time, so that it repeats the uninterrupted one.
 
 Measured (docs/numerics.md#tails-relative-to-f-work-in-progress): on the exact β = ∞ solution of
 the paper's matrices the 90th-percentile relative error of the tail cells at t = 8 falls from
@@ -50,7 +52,7 @@ from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
 from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 
-__all__ = ["LogTails", "coupling_times", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
+__all__ = ["LogTails", "coupling_times", "coupling_schedule", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -64,6 +66,28 @@ def coupling_times(t0: float, t1: float, interval: float) -> list[float]:
     (t1 itself is the last, exactly)."""
     m = max(1, math.ceil((t1 - t0) / interval - 1e-9))
     return [t0 + (t1 - t0) * j / m for j in range(1, m)] + [t1]
+
+
+def coupling_schedule(times, interval: float) -> list[tuple]:
+    """The coupling times of a run saved at `times`, per save interval: entry k − 1 holds those in
+    (times[k − 1], times[k]]. Each coupling interpolates g once, so couplings are as far apart as
+    `interval` allows, whatever the saves: a save interval longer than `interval` is cut into equal
+    parts (coupling_times); a save time is a coupling time unless the next save time is still
+    within `interval` of the last coupling (saves every 0.1, interval 0.2: every other save),
+    and the last save time always is. A function of the times alone, so a resumed run couples
+    where the uninterrupted one did."""
+    schedule, last = [], times[0]
+    for k in range(1, len(times)):
+        t0, t1 = times[k - 1], times[k]
+        if t1 - last > interval * (1 + 1e-9):  # only where last == t0 (the rule below)
+            schedule.append(tuple(coupling_times(t0, t1, interval)))
+            last = t1
+        elif k + 1 < len(times) and times[k + 1] - last <= interval * (1 + 1e-9):
+            schedule.append(())  # the next save is still within reach of the last coupling
+        else:
+            schedule.append((t1,))
+            last = t1
+    return schedule
 
 
 class LogTails:

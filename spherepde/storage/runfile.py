@@ -697,7 +697,7 @@ class ResumePoint:
 
 def read_resume_point(path) -> ResumePoint:
     """The last snapshot a run can continue from: the end of the prefix of complete, regular
-    snapshots. Raises RunFileError if there is none or the file is not a readable run file."""
+    snapshots (with tails from log f, the last of them at a coupling time). Raises RunFileError if there is none or the file is not a readable run file."""
     ds = _load(path)
     if "config" not in ds.attrs:
         raise RunFileError(f"{path}: not a spherepde run file (no config attribute)")
@@ -706,7 +706,11 @@ def read_resume_point(path) -> ResumePoint:
     prefix = int(np.argmin(good)) if not good.all() else good.size
     if prefix == 0:
         raise RunFileError(f"{path}: cannot resume, no complete snapshot (start again without --resume)")
+    index = prefix - 1
+    if "log_density_time" in ds:  # tails: back to the last snapshot at a coupling time (or the start)
+        coupled = np.flatnonzero(ds["log_density_time"].values[:prefix] == ds["time"].values[:prefix])
+        index = int(coupled[-1]) if coupled.size else 0
     try:
-        return ResumePoint(path, ds, prefix - 1)
+        return ResumePoint(path, ds, index)
     except (ValueError, KeyError, TypeError) as exc:
         raise RunFileError(f"{path}: cannot resume, damaged run file ({type(exc).__name__}: {exc})") from exc

@@ -411,14 +411,16 @@ def coupling_report(out, nsides, say=print):
 # ---------------------------------------------------------------------- the tails in the solver
 HYBRID_VARIANTS = {
     "finite volumes + atoms": None,
-    "tails from log f": {},
-    "tails from log f, coupling every 0.05": {"interval": 0.05},
-    "tails from log f, coupling every 0.025": {"interval": 0.025},
+    "tails from log f, coupling every 0.2 (saves every 0.1)": {},
     "tails from log f, coupling every 0.2 (saves every 0.2)": {"interval": 0.2, "save_every": 0.2},
     "tails from log f, coupling every 0.4 (saves every 0.4)": {"interval": 0.4, "save_every": 0.4},
-    "tails from log f, not followed between couplings": {"follow": False},
-    "tails from log f, the prototype's coupling": {"reset": "bulk", "limited": True, "criterion": "fv",
-                                                   "follow": False},
+    "tails from log f, coupling every 0.1": {"interval": 0.1},
+    "tails from log f, coupling every 0.05": {"interval": 0.05},
+    "tails from log f, coupling every 0.025": {"interval": 0.025},
+    "tails from log f, coupling every 0.1, not followed between couplings": {"interval": 0.1, "follow": False},
+    "tails from log f, coupling every 0.1, the prototype's coupling": {"interval": 0.1, "reset": "bulk",
+                                                                       "limited": True, "criterion": "fv",
+                                                                       "follow": False},
 }
 
 
@@ -524,13 +526,13 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         f"`python -m spherepde.validation.tails --hybrid --nside {' '.join(map(str, nsides))}` "
         f"({time.strftime('%Y-%m-%d')}; runs kept in `{cache.name}/` and reused). The paper's matrices, the "
         "projected-normal and von Mises–Fisher laws of `solvers/paper_beta.toml`, velocity_tolerance 1e-3, atoms, saves every 0.1 unless said, "
-        "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` with its defaults "
-        "(spherepde.solvers.tails: g never reset outside the atoms' neighbourhoods, unlimited interpolant, a "
-        "cell is in the tail when min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f, couplings at most every "
-        "0.2 and at the saves, here every 0.1, "
-        "between them the tail cells follow the rate of g over the last interval along the characteristics); the same with couplings every 0.05, 0.025, and every 0.2 and 0.4 with saves as far apart (the save "
-        "times bound the coupling interval; F-onset and the time at |x₂| = ½ then resolved to the save interval); "
-        "the same with the tail cells left to the finite volumes between couplings (`tail_follow = false`); "
+        "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` (spherepde.solvers.tails: g "
+        "never reset outside the atoms' neighbourhoods, unlimited interpolant, a cell is in the tail when "
+        "min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f, between couplings the tail cells follow the rate "
+        "of g over the last interval along the characteristics) with couplings every 0.2 (the default, as far "
+        "apart as that allows whatever the saves), every 0.2 and 0.4 with saves as far apart (F-onset and the "
+        "time at |x₂| = ½ then resolved to the save interval), and every 0.1, 0.05, 0.025; with couplings "
+        "every 0.1, the tail cells left to the finite volumes between couplings (`tail_follow = false`), and "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
         "not followed). x₂: of the heaviest atom (F = span e₂).\n\n"
         + "\n".join(sections))

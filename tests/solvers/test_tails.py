@@ -18,7 +18,7 @@ from spherepde.models.initial import ProjectedNormal, Uniform
 from spherepde.runner.config import ConfigError, resolve
 from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
-from spherepde.solvers.tails import TAIL_INTERVAL, coupling_times
+from spherepde.solvers.tails import TAIL_INTERVAL, coupling_schedule, coupling_times
 from spherepde.storage.runfile import open_run
 from spherepde.transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
 from spherepde.validation.tails import exact_cell_averages, zero_temperature_field_of
@@ -33,6 +33,18 @@ def test_coupling_times_cut_the_interval_into_equal_parts():
     assert coupling_times(1.0, 1.1, 0.1)[-1] == 1.1 and len(coupling_times(1.0, 1.1, 0.1)) == 1
     times = coupling_times(2.0, 3.0, 0.3)
     assert times[-1] == 3.0 and len(times) == 4 and np.all(np.diff([2.0, *times]) <= 0.3)
+
+
+def test_couplings_are_as_far_apart_as_the_interval_allows_whatever_the_saves():
+    """Saves every 0.1 with interval 0.2 couple at every other save (each coupling interpolates g
+    once); a long save interval is cut into equal parts; the last save always couples."""
+    times = [round(0.1 * k, 12) for k in range(11)]
+    schedule = coupling_schedule(times, 0.2)
+    assert [c for cs in schedule for c in cs] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    schedule = coupling_schedule([0.0, 0.5, 0.6, 0.7, 0.75], 0.2)
+    assert schedule[0] == pytest.approx((0.5 / 3, 1.0 / 3, 0.5)) and schedule[1:] == [(), (0.7,), (0.75,)]
+    flat = [0.0, *(c for cs in coupling_schedule([0.0, 0.15, 0.3, 0.45, 1.0], 0.2) for c in cs)]
+    assert flat[-1] == 1.0 and np.all(np.diff(flat) <= 0.2 + 1e-12) and len(flat) == 7
 
 
 def _finite_beta_run(tails, times, start=None, nside=8, velocity_tolerance=1e-3):
@@ -74,6 +86,9 @@ def test_resume_from_a_snapshot_repeats_the_run(beta30):
     with pytest.raises(ValueError, match="log_density_rate"):
         _finite_beta_run({}, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], start=without_rate)
     resumed = _finite_beta_run({}, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], start=start)
+    with pytest.raises(ValueError, match="at a coupling time, not t = 2.5"):  # saves 0.5, couplings 1.0 apart
+        _finite_beta_run({"interval": 1.0}, [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5], start=SolverState.from_record(
+            5, f, rec, state))
     for (_, _, f_a, rec_a, _, g_a, _), (_, _, f_b, rec_b, _, g_b, _) in zip(beta30[4:], resumed):
         assert np.array_equal(f_a, f_b) and np.array_equal(g_a, g_b)
         assert rec_a["tail_cells"] == rec_b["tail_cells"]
@@ -170,9 +185,11 @@ nside = 4
 tails = "log"
 velocity_tolerance = 1e-3
 
+tail_interval = 0.2
+
 [time]
 t_end = 1.2
-save_every = 0.3
+save_every = 0.1
 """
 
 
@@ -199,6 +216,9 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     ds = open_run(ref)
     assert ds["log_density"].dims == ("time", "cell") and "tail_cells" in ds and ds.attrs["tails"] == "log"
     assert np.all(np.isfinite(ds["log_density"].values))
-    interrupt_after(cfg, out, 3)
+    # saves every 0.1, couplings every 0.2: log_density is of the last coupling
+    assert ds["log_density_time"].values == pytest.approx(np.floor(ds["time"].values / 0.2 + 1e-9) * 0.2)
+    interrupt_after(cfg, out, 4)  # t = 0 … 0.3: the run continues from t = 0.2, the last coupling
     assert main(["run", str(cfg), "-o", str(out), "--resume"]) == 0
+    assert "resumed from snapshot 2 (t = 0.2)" in open_run(out).attrs["history"]
     assert run_difference(out, ref) <= ROUND_OFF
