@@ -18,8 +18,9 @@ coupling_schedule):
 1. g is advanced from the previous coupling time t₀ in the field of the state, linear in time
    between the state at t₀ and the state at t₁ (the attention sums of f dA + atoms);
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
-   below `level` × the mesh's largest f (criterion "min"; "fv": f alone) and its centroid lies
-   farther than `exclusion` cell sizes from every atom;
+   below `level` × the mesh's largest f (criterion "min"; "fv": f alone; reference "measure":
+   × the largest of that and every atom's mass per cell area) and its centroid lies farther
+   than `exclusion` cell sizes from every atom;
 3. the rest (the bulk cells and the atoms) is scaled by one factor so that the mass of the
    measure is unchanged (to round-off);
 4. g is not reset (reset "none", the default): a reset to log f in the bulk ("bulk") or near the
@@ -102,8 +103,10 @@ class LogTails:
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
-                 criterion: str = "min", follow: bool = True):
-        self.reset, self.criterion, self.follow = reset, criterion, bool(follow)
+                 criterion: str = "min", follow: bool = True, reference: str = "mesh"):
+        if reference not in ("mesh", "measure"):
+            raise ValueError(f"reference must be 'mesh' or 'measure', got {reference!r}")
+        self.reset, self.criterion, self.follow, self.reference = reset, criterion, bool(follow), reference
         self.mesh, self.model = mesh, model
         self.interval, self.level, self.exclusion = float(interval), float(level), float(exclusion)
         self.interpolant = QuadraticInterpolant(mesh, limited=limited)
@@ -156,13 +159,14 @@ class LogTails:
         f_log = self.interpolant.cell_averages_of_exp(g)
         near = self._near_atoms(atoms)
         low = f if self.criterion == "fv" else np.minimum(f, f_log)
-        tail = (low < self.level * f.max()) & (f_log > 0) & ~near
+        top = self.level * self._largest(f, atoms)
+        tail = (low < top) & (f_log > 0) & ~near
         both = tail & (f > 0)
         drift = float(np.percentile(np.abs(np.log10(f[both] / f_log[both])), 90)) if both.any() else math.nan
         area = self.mesh.area
         # A tail value is below the level by definition: where ⟨e^g⟩ exceeds it (g overshooting
         # beside a collapsing peak, which g follows without a reset) the cap keeps it a tail value.
-        substitute = np.minimum(f_log[tail], self.level * f.max())
+        substitute = np.minimum(f_log[tail], top)
         moved = float((substitute - f[tail]).sum() * area)
         changed = bool(tail.any())
         if changed:
@@ -207,11 +211,12 @@ class LogTails:
         if not self.follow:
             return
         near = self._near_atoms(atoms) if near is None else near
-        cells = np.flatnonzero((f < self.level * f.max()) & (f > 0) & ~near)
+        top = self.level * self._largest(f, atoms)
+        cells = np.flatnonzero((f < top) & (f > 0) & ~near)
         if not cells.size:
             self._anchor = None
             return
-        self._anchor = (float(t), cells, f[cells].copy(), self.rate[cells], self.level * f.max())
+        self._anchor = (float(t), cells, f[cells].copy(), self.rate[cells], top)
 
     def forget_anchor(self):
         """Follow nothing until the next coupling: the atoms changed (a new atom's patch decides
@@ -237,6 +242,15 @@ class LogTails:
         f[rest] *= scale
         if atoms is not None:
             atoms.masses *= scale
+
+    def _largest(self, f, atoms):
+        """The density the level is relative to (sr⁻¹): the mesh's largest f (reference "mesh"), or
+        the largest of it and every atom's mass over one cell's area ("measure": an atom is a
+        peak the mesh no longer holds, and the mesh's largest f falls when it forms)."""
+        top = float(f.max())
+        if self.reference == "measure" and atoms is not None and atoms.count:
+            top = max(top, float(atoms.points()[1].max()) / self.mesh.area)
+        return top
 
     def _near_atoms(self, atoms):
         """Cells whose centroid lies within `reach` of an atom."""

@@ -104,6 +104,27 @@ def test_nothing_substituted_is_the_finite_volume_run():
         assert np.array_equal(a[2], b[2]) and b[3]["tail_cells"] == 0
 
 
+def test_the_level_is_relative_to_the_mesh_or_to_the_whole_measure():
+    """reference "measure": an atom of mass m counts as a peak of density m / (cell area), so the
+    cells below level × that take g although the mesh's own largest f fell when the atom formed."""
+    from spherepde.solvers.tails import LogTails
+
+    class OneAtom:
+        count = 1
+
+        def points(self):
+            return np.array([[1.0, 0.0, 0.0]]), np.array([0.5])
+
+    mesh = HealpixMesh(4)
+    model = AttentionModel(PAPER_B, PAPER_V, math.inf)
+    f = np.full(mesh.npix, 0.01)
+    assert LogTails(mesh, model)._largest(f, OneAtom()) == 0.01
+    assert LogTails(mesh, model, reference="measure")._largest(f, OneAtom()) == pytest.approx(0.5 / mesh.area)
+    assert LogTails(mesh, model, reference="measure")._largest(f, None) == 0.01
+    with pytest.raises(ValueError, match="reference must be"):
+        LogTails(mesh, model, reference="atoms")
+
+
 def test_tails_need_atoms_one_head_and_no_noise():
     mesh = HealpixMesh(4)
     with pytest.raises(ValueError, match="need atoms"):
