@@ -410,11 +410,15 @@ def coupling_report(out, nsides, say=print):
 
 
 # ---------------------------------------------------------------------- the tails in the solver
+# the default coupling every 0.2 (saves every 0.2) from a run file of solvers/sweeps/tails_convergence.toml
+# (resumable, for the long runs): imported by import_runs, never started by hybrid_report
+RUN_FILE_VARIANT = "tails from log f, coupling every 0.2 (saves every 0.2), spherepde run"
 HYBRID_VARIANTS = {
     "finite volumes + atoms": None,
     "tails from log f, coupling every 0.2 (saves every 0.1)": {},
     "tails from log f, coupling every 0.2 (saves every 0.2)": {"interval": 0.2, "save_every": 0.2},
     "tails from log f, coupling every 0.4 (saves every 0.4)": {"interval": 0.4, "save_every": 0.4},
+    RUN_FILE_VARIANT: {"interval": 0.2, "save_every": 0.2, "from_run": True},
     "tails from log f, coupling every 0.2 (saves every 0.2), level relative to the atoms too":
         {"interval": 0.2, "save_every": 0.2, "reference": "measure"},
     "tails from log f, coupling every 0.1": {"interval": 0.1},
@@ -457,12 +461,58 @@ def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=
     return {"rows": rows, "wall": time.perf_counter() - start}
 
 
+def hybrid_series_of_run(path):
+    """The rows of hybrid_series from a complete run file (its own diagnostics: alignment with E and F
+    of the mesh and the atoms, background_share_max, x₂ of the heaviest atom, min_density,
+    tail_cells) and its wall time (of the last segment, if it was resumed)."""
+    from ..storage.runfile import open_run
+
+    with open_run(path) as ds:
+        if int(ds.attrs.get("complete", 0)) != 1:
+            raise ValueError(f"{path}: the run is not complete")
+        masses, positions = ds["atom_mass"].values, ds["atom_position"].values
+        rows = []
+        for k, t in enumerate(ds["time"].values):
+            heaviest = int(np.argmax(masses[k]))
+            rows.append({"t": float(t), "E": float(ds["alignment_E"].values[k]), "F": float(ds["alignment_F"].values[k]),
+                         "share": float(ds["background_share_max"].values[k]),
+                         "x2": float(abs(positions[k, heaviest, 1])) if masses[k, heaviest] > 0 else math.nan,
+                         "min_f": float(ds["min_density"].values[k]), "tail_cells": int(ds["tail_cells"].values[k])})
+        return {"rows": rows, "wall": float(ds.attrs.get("wall_seconds", math.nan)), "run_file": Path(path).name}
+
+
+def import_runs(runs, cache):
+    """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml) as
+    the cached JSON of RUN_FILE_VARIANT for its law, nside and β (not replacing one already kept);
+    the paths imported."""
+    import json
+
+    from ..storage.runfile import open_run
+
+    laws = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}
+    done = []
+    for path in sorted(Path(runs).glob("*.nc")):
+        if Path(f"{path}.lock").exists():  # a run is writing it
+            continue
+        with open_run(path) as ds:
+            if int(ds.attrs.get("complete", 0)) != 1:
+                continue
+            config = json.loads(ds.attrs["config"])
+        law = laws[config["initial"]["kind"]]
+        key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), RUN_FILE_VARIANT, law)
+        if not key.exists():
+            key.write_text(json.dumps(hybrid_series_of_run(path)))
+            done.append(path)
+    return done
+
+
 def hybrid_options(options):
     """(tails options, save interval) of a HYBRID_VARIANTS entry: "save_every" (default 0.1) is the
     run's, since the save times bound the coupling interval."""
     if options is None:
         return None, 0.1
     options = dict(options)
+    options.pop("from_run", None)
     return options, options.pop("save_every", 0.1)
 
 
@@ -508,7 +558,8 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                 key = hybrid_key(cache, n, beta, name, law_name)
                 if key.exists():
                     result = json.loads(key.read_text())
-                elif not run_missing or (variants is not None and name not in variants):
+                elif (not run_missing or (variants is not None and name not in variants)
+                      or (options or {}).get("from_run")):
                     continue
                 else:
                     tails, save_every = hybrid_options(options)
@@ -538,7 +589,9 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "the mesh's f and every atom's mass per cell area, `reference = \"measure\"`), and every 0.1, 0.05, 0.025; with couplings "
         "every 0.1, the tail cells left to the finite volumes between couplings (`tail_follow = false`), and "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
-        "not followed). x₂: of the heaviest atom (F = span e₂).\n\n"
+        "not followed); \"spherepde run\": the default coupling from a run file of "
+        "`solvers/sweeps/tails_convergence.toml` (resumable; its wall time is the last segment's). "
+        "x₂: of the heaviest atom (F = span e₂).\n\n"
         + "\n".join(sections))
     return path
 
@@ -556,10 +609,17 @@ if __name__ == "__main__":
                         help="with --hybrid: run only these initial laws (default all)")
     parser.add_argument("--variants", nargs="+", choices=list(HYBRID_VARIANTS),
                         help="with --hybrid: run only these variants (default all; kept runs are always shown)")
+    parser.add_argument("--runs", help="with --hybrid: first keep the complete run files of this folder "
+                        "(solvers/sweeps/tails_convergence.toml) as cached runs")
     parser.add_argument("--coupling", action="store_true",
                         help="instead: the F-onset at beta = 30 of the coupled tails and the log-density state (coupling.md)")
     args = parser.parse_args()
     if args.hybrid:
+        if args.runs:
+            cache = Path(args.out) / "hybrid_runs"
+            cache.mkdir(parents=True, exist_ok=True)
+            for path in import_runs(args.runs, cache):
+                print(f"kept {path}")
         print(hybrid_report(args.out, args.nside, run_missing=not args.cached, laws=args.laws,
                            variants=args.variants))
     elif args.coupling:

@@ -3,11 +3,13 @@
 import math
 
 import numpy as np
+import pytest
 
 from spherepde.analysis.exact import zero_temperature_density
 from spherepde.models.attention import AttentionModel
 from spherepde.models.initial import Uniform
 from spherepde.validation import tails
+from spherepde.validation.common import REPO
 
 
 def test_tail_errors_of_the_exact_averages_are_zero_and_of_a_scaled_field_its_scale(mesh_factory):
@@ -77,3 +79,29 @@ def test_the_shadow_tails_measure_the_run_without_touching_it():
     shadow = tails.coupled_f_onset(8, beta=10.0, dt=0.25, t_end=4.0, coupled=False, shadow=True)
     assert shadow[1:3] == plain[1:3] and shadow[6] == plain[6]
     assert plain[7] == {} and 0.0 < shadow[7][4] < 10.0
+
+
+def test_a_run_file_gives_the_rows_of_the_solver_driven_directly(tmp_path):
+    """hybrid_series_of_run reads a `spherepde run` file of the tails sweep's config into the rows
+    hybrid_series computes from the solver itself: the same run (min f and the tail cells at every
+    save equal), the alignments to the quadrature's O(h²) (the file's integrate |Qx|² over each
+    cell, hybrid_series takes the centroids)."""
+    from spherepde.cli import main
+
+    text = (REPO / "solvers" / "sweeps" / "tails_convergence.toml").read_text()
+    base = text[text.index("[base.model]"):text.index("[sweep.grid]")].replace("[base.", "[")
+    cfg = tmp_path / "tails.toml"
+    cfg.write_text(base.replace("nside = 16", "nside = 8").replace("t_end = 20.0", "t_end = 3.0") + """
+[initial]
+kind = "projected_normal"
+mean = [0.3, 0.2, 0.1]
+cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
+""")
+    assert main(["run", str(cfg), "-o", str(tmp_path / "run.nc")]) == 0
+    from_file = tails.hybrid_series_of_run(tmp_path / "run.nc")["rows"]
+    direct = tails.hybrid_series(8, 30.0, {"interval": 0.2}, t_end=3.0, save_every=0.2)["rows"]
+    assert [r["t"] for r in from_file] == pytest.approx([r["t"] for r in direct], abs=1e-12)
+    for a, b in zip(from_file, direct):
+        assert a["min_f"] == pytest.approx(b["min_f"], rel=1e-12) and a["tail_cells"] == b["tail_cells"]
+        assert abs(a["E"] - b["E"]) < 1e-2 and abs(a["F"] - b["F"]) < 1e-2
+    assert any(r["tail_cells"] > 0 for r in direct)
