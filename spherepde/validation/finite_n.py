@@ -59,6 +59,8 @@ PAPER_BETA = REPO / "solvers" / "paper_beta.toml"
 PAPER_BASE = REPO / "solvers" / "paper_base.toml"
 ATOMS_REPORT = REPO / "validation" / "reports" / "atoms" / "atoms.md"
 PAPER_REPORT = REPO / "validation" / "reports" / "paper" / "report.md"
+TAILS_REPORT = REPO / "validation" / "reports" / "tails" / "hybrid.md"
+TAILS_RUNS = REPO / "validation" / "reports" / "tails" / "hybrid_runs"
 QUANTITIES = {"onset": "F-onset", "max_E": "max alignment with E", "w2_min": "min W₂(ρ_t, Π#ρ₀)"}
 
 
@@ -269,13 +271,40 @@ def _finest(text):
         return None, len(parts)
 
 
-def mean_field_values(law, beta, reports=None):
+def tails_mean_field(law, beta, cache=TAILS_RUNS):
+    """[(quantity, method label, value, source)] of the finest mesh with the tails from log f
+    (couplings every 0.2) kept for this law and β in the tails report's cached runs
+    (validation/reports/tails/hybrid_runs, spherepde.validation.tails.hybrid_report): F-onset and
+    max alignment with E; [] where none is kept."""
+    from .tails import RUN_FILE_VARIANT, hybrid_key, hybrid_summary
+
+    name = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}[law]
+    variants = (RUN_FILE_VARIANT, "tails from log f, coupling every 0.2 (saves every 0.2)")
+    for nside in (128, 64, 32, 16, 8):
+        for variant in variants:
+            key = hybrid_key(cache, nside, float(beta), variant, name)
+            if key.is_file():
+                s = hybrid_summary(json.loads(key.read_text())["rows"])
+                label = f"Eulerian + tails from log f, nside {nside}"
+                source = TAILS_REPORT.relative_to(REPO) if Path(cache) == TAILS_RUNS else Path(cache)
+                onset = s["onset"] if math.isfinite(s["onset"]) else None
+                return [("onset", label, onset, source), ("max_E", label, s["e_max"], source)]
+    return []
+
+
+def mean_field_values(law, beta, reports=None, tails_cache=None):
     """{quantity: [(method label, value, source)]} of the mean-field runs in the committed reports
     (default: the atoms report, whose meshes are finer, then the paper report): for each report
     the finest mesh of each method's column ('particles' / 'quadrature particles' and 'Eulerian +
-    atoms') in its rows of this law and β."""
+    atoms') in its rows of this law and β; first, the Eulerian solver with the tails from log f
+    (tails_mean_field; default: with the default reports, the tails report's runs)."""
+    if tails_cache is None and reports is None:
+        tails_cache = TAILS_RUNS
     reports = reports if reports is not None else (ATOMS_REPORT, PAPER_REPORT)
     found = {q: [] for q in QUANTITIES}
+    if tails_cache is not None:
+        for quantity, label, value, source in tails_mean_field(law, beta, tails_cache):
+            found[quantity].append((label, value, source))
     names = {v: k for k, v in QUANTITIES.items()}
     for report in reports:
         report = Path(report)
@@ -301,7 +330,7 @@ def mean_field_values(law, beta, reports=None):
                     method = "quadrature particles" if "particles" in title else "Eulerian + atoms"
                     source = report.relative_to(REPO) if report.is_relative_to(REPO) else report
                     found[names[cells_[2]]].append((f"{method}, nside {mesh}", value, source))
-        if any(found.values()):
+        if any(label.startswith(("quadrature", "Eulerian + atoms")) for rows in found.values() for label, _, _ in rows):
             break  # the first report that has this case
     return found
 
@@ -338,9 +367,13 @@ def figure(results, path, betas):
                 mean = [iv.mean for iv in ivs if iv.count]
                 err = [0.0 if not np.isfinite(iv.half_width) else iv.half_width for iv in ivs if iv.count]
                 ax.errorbar(ns, mean, yerr=err, marker="o", capsize=3, color=colors[law], label=f"{law} (tokens)")
-            mf = [v for label, v, _ in mean_field_values(law, beta)["onset"] if "particles" in label]
+            onsets = mean_field_values(law, beta)["onset"]
+            mf = [v for label, v, _ in onsets if "particles" in label]
             if mf and mf[0] is not None:
-                ax.axhline(mf[0], ls="--", color=colors[law], lw=1, label=f"{law} (mean field, particles)")
+                ax.axhline(mf[0], ls="--", color=colors[law], lw=1, label=f"{law} (quadrature particles)")
+            mf = [v for label, v, _ in onsets if "tails" in label]
+            if mf and mf[0] is not None:
+                ax.axhline(mf[0], ls=":", color=colors[law], lw=1.5, label=f"{law} (mean field, tails from log f)")
         ax.set_xscale("log")
         ticks = sorted({c.n for c in results if c.beta == beta})
         ax.set_xticks(ticks, [str(n) for n in ticks], rotation=45 if len(ticks) > 4 else 0)
@@ -349,8 +382,11 @@ def figure(results, path, betas):
         ax.set_title(f"β = {beta_text(beta)}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("F-onset (mean ± 95 %, 8 seeds)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    legend = {}  # every panel's entries once (the tails mean field is not in every panel)
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -454,7 +490,10 @@ def run_suite(out, quick=False, progress=True, cache=None, ns=None, betas=None, 
             "- wall (s): each run file's `wall_seconds` on the shared 2-core host (loaded: not a benchmark)",
             "- the mean-field rows are read from the committed reports: validation/reports/atoms/atoms.md where it "
             "has the case (finest mesh of its nside 16 / 32 / 64 runs), else validation/reports/paper/report.md "
-            "(nside 16); at β ≥ 30 the mean field is not converged in the mesh (issue 37, docs/theory.md#tails-at-large-β)"] + list(notes)
+            "(nside 16), and the Eulerian solver with the tails from log f (couplings every 0.2) from "
+            "validation/reports/tails/hybrid.md (finest mesh kept; β = 30 only so far): the finite volumes alone are "
+            "not converged in the mesh at β ≥ 30, and quadrature particles there are a finite-n system "
+            "(docs/theory.md#tails-at-large-β)"] + list(notes)
     report = write_report(out, results, todo, quick, info)
     say(f"  report {report} ({done} of {len(todo)} cells complete)")
     return report

@@ -522,7 +522,10 @@ def hybrid_key(cache, n, beta, name, law="projected normal"):
     return Path(cache) / f"{prefix}beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}.json"
 
 
-def _summary_of(rows):
+def hybrid_summary(rows):
+    """The paper's metrics of hybrid_series rows: F-onset, max alignment with E and its time, the
+    largest alignment with F after it and its time, the time x₂ of the heaviest atom reaches ½,
+    the alignments at the end."""
     ds = xr.Dataset({"alignment_E": ("time", [r["E"] for r in rows]), "alignment_F": ("time", [r["F"] for r in rows])},
                     coords={"time": [r["t"] for r in rows]})
     e_max, t_max = max_alignment(ds)
@@ -565,7 +568,7 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                     tails, save_every = hybrid_options(options)
                     result = hybrid_series(n, beta, tails, save_every=save_every, say=say, law=law)
                     key.write_text(json.dumps(result))
-                s = _summary_of(result["rows"])
+                s = hybrid_summary(result["rows"])
                 fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
                 lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
                              f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "

@@ -182,3 +182,25 @@ def test_cell_summary_round_trip_keeps_missing_onsets_and_refuses_another_config
     path.write_text(json.dumps(stored))
     assert finite_n.read_summary(tmp_path, cell)["max_E"] == [0.97, 0.98]
     assert finite_n.read_summary(tmp_path, finite_n.Cell("vmf", 30.0, 1000)) is None
+
+
+def test_the_tails_mean_field_is_the_finest_mesh_kept(tmp_path):
+    """The tails report's cached runs: the finest nside kept for the law and β, its F-onset and
+    max alignment with E as hybrid_summary gives them, first in the list; none for another β."""
+    import json
+
+    from spherepde.validation.tails import hybrid_key, hybrid_summary
+
+    times = np.round(np.arange(0.0, 20.01, 0.2), 12)
+    rows = [{"t": float(t), "E": float(np.exp(-((t - 4.0) / 6.0) ** 2)), "F": float(1 / (1 + np.exp(-(t - 11.0)))),
+             "x2": float(min(1.0, t / 20)), "share": 0.0, "min_f": 1e-9, "tail_cells": 0} for t in times]
+    for nside, shift in ((16, 0.0), (32, 0.4)):
+        shifted = [dict(r, F=float(1 / (1 + np.exp(-(r["t"] - 11.0 - shift))))) for r in rows]
+        key = hybrid_key(tmp_path, nside, 30.0, "tails from log f, coupling every 0.2 (saves every 0.2)",
+                         "von Mises–Fisher")
+        key.write_text(json.dumps({"rows": shifted, "wall": 1.0}))
+    got = finite_n.mean_field_values("vmf", 30.0, reports=(), tails_cache=tmp_path)
+    expected = hybrid_summary([dict(r, F=float(1 / (1 + np.exp(-(r["t"] - 11.4))))) for r in rows])
+    assert got["onset"] == [("Eulerian + tails from log f, nside 32", expected["onset"], tmp_path)]
+    assert got["max_E"][0][1] == expected["e_max"] and np.isfinite(expected["onset"])
+    assert finite_n.mean_field_values("vmf", 10.0, reports=(), tails_cache=tmp_path)["onset"] == []
