@@ -284,9 +284,11 @@ def tails_mean_field(law, beta, cache=TAILS_RUNS):
         for variant in variants:
             key = hybrid_key(cache, nside, float(beta), variant, name)
             if key.is_file():
-                s = hybrid_summary(json.loads(key.read_text())["rows"])
-                label = f"Eulerian + tails from log f, nside {nside}"
-                source = TAILS_REPORT.relative_to(REPO) if Path(cache) == TAILS_RUNS else Path(cache)
+                rows = json.loads(key.read_text())["rows"]
+                s = hybrid_summary(rows)
+                label = f"Eulerian + tails from log f, nside {nside}, t ≤ {rows[-1]['t']:g}"
+                report = TAILS_REPORT if float(beta) == 30.0 else TAILS_REPORT.with_name(f"hybrid_beta{beta:g}.md")
+                source = report.relative_to(REPO) if Path(cache) == TAILS_RUNS else Path(cache)
                 onset = s["onset"] if math.isfinite(s["onset"]) else None
                 return [("onset", label, onset, source), ("max_E", label, s["e_max"], source)]
     return []
@@ -438,7 +440,8 @@ def write_report(out, results, todo, quick, info=()):
                 for label, value, source in mf[key]:
                     me = next((v for lab, v, _ in mf["max_E"] if lab == label), None)
                     w2 = next((v for lab, v, _ in mf["w2_min"] if lab == label), None)
-                    onset = "none by t = 20" if value is None else _fmt(value, 2)  # the reports' runs: t ≤ 20
+                    # the reports' runs: t ≤ 20 unless the label says
+                    onset = _fmt(value, 2) if value is not None else "none" if "t ≤" in label else "none by t = 20"
                     lines.append(f"| mean field: {label} ({source}) | {onset} | — | {_fmt(me, 4)} | "
                                  f"{_fmt(w2, 4)} | | |")
             if not mf["onset"]:

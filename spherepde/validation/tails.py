@@ -538,10 +538,11 @@ def hybrid_summary(rows):
             "E_end": rows[-1]["E"], "F_end": rows[-1]["F"]}
 
 
-def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True, laws=None, variants=None):
+def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True, laws=None, variants=None,
+                  t_end=20.0):
     """OUT/hybrid.md: the paper's question at β with the tails in the solver, per mesh and variant
     (HYBRID_VARIANTS): F-onset, max alignment with E, max alignment with F after it and its time, the time
-    the heaviest atom reaches |x₂| = ½ (the companion metric), the alignments at t = 20, and the
+    the heaviest atom reaches |x₂| = ½ (the companion metric), the alignments at t_end, and the
     wall time. Every run is kept as JSON in `cache` (default OUT/hybrid_runs) and reused, so an
     interrupted study continues where it stopped; run_missing=False writes the table of the runs
     already kept and leaves the others out; laws / variants (names in HYBRID_LAWS / HYBRID_VARIANTS,
@@ -566,7 +567,7 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                     continue
                 else:
                     tails, save_every = hybrid_options(options)
-                    result = hybrid_series(n, beta, tails, save_every=save_every, say=say, law=law)
+                    result = hybrid_series(n, beta, tails, t_end=t_end, save_every=save_every, say=say, law=law)
                     key.write_text(json.dumps(result))
                 s = hybrid_summary(result["rows"])
                 fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
@@ -576,14 +577,15 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         sections.append(
             f"## {law_name[0].upper() + law_name[1:]} ({law!r})\n\n"
             "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
-            "E / F at t = 20 | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
-    path = out / "hybrid.md"
+            f"E / F at t = {t_end:g} | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    path = out / ("hybrid.md" if beta == 30.0 else f"hybrid_beta{beta:g}.md")
     path.write_text(
         f"# The paper's question at β = {beta:g} with the tails in the solver\n\n"
-        f"`python -m spherepde.validation.tails --hybrid --nside {' '.join(map(str, nsides))}` "
+        f"`python -m spherepde.validation.tails --hybrid --nside {' '.join(map(str, nsides))}"
+        f"{'' if beta == 30.0 else f' --beta {beta:g} --t-end {t_end:g}'}` "
         f"({time.strftime('%Y-%m-%d')}; runs kept in `{cache.name}/` and reused). The paper's matrices, the "
         "projected-normal and von Mises–Fisher laws of `solvers/paper_beta.toml`, velocity_tolerance 1e-3, atoms, saves every 0.1 unless said, "
-        "t ≤ 20. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` (spherepde.solvers.tails: g "
+        f"t ≤ {t_end:g}. Variants: the finite volumes alone; `[eulerian] tails = \"log\"` (spherepde.solvers.tails: g "
         "never reset outside the atoms' neighbourhoods, unlimited interpolant, a cell is in the tail when "
         "min(f, ⟨e^g⟩) is below 10⁻³ of the mesh's largest f, between couplings the tail cells follow the rate "
         "of g over the last interval along the characteristics) with couplings every 0.2 (the default, as far "
@@ -612,6 +614,9 @@ if __name__ == "__main__":
                         help="with --hybrid: run only these initial laws (default all)")
     parser.add_argument("--variants", nargs="+", choices=list(HYBRID_VARIANTS),
                         help="with --hybrid: run only these variants (default all; kept runs are always shown)")
+    parser.add_argument("--beta", type=float, default=30.0, help="with --hybrid: β (default 30; another β "
+                        "writes hybrid_beta{β}.md)")
+    parser.add_argument("--t-end", type=float, default=20.0, help="with --hybrid: the end time (default 20)")
     parser.add_argument("--runs", help="with --hybrid: first keep the complete run files of this folder "
                         "(solvers/sweeps/tails_convergence.toml) as cached runs")
     parser.add_argument("--coupling", action="store_true",
@@ -623,8 +628,8 @@ if __name__ == "__main__":
             cache.mkdir(parents=True, exist_ok=True)
             for path in import_runs(args.runs, cache):
                 print(f"kept {path}")
-        print(hybrid_report(args.out, args.nside, run_missing=not args.cached, laws=args.laws,
-                           variants=args.variants))
+        print(hybrid_report(args.out, args.nside, beta=args.beta, run_missing=not args.cached, laws=args.laws,
+                           variants=args.variants, t_end=args.t_end))
     elif args.coupling:
         print(coupling_report(args.out, args.nside))
     else:

@@ -201,6 +201,6 @@ def test_the_tails_mean_field_is_the_finest_mesh_kept(tmp_path):
         key.write_text(json.dumps({"rows": shifted, "wall": 1.0}))
     got = finite_n.mean_field_values("vmf", 30.0, reports=(), tails_cache=tmp_path)
     expected = hybrid_summary([dict(r, F=float(1 / (1 + np.exp(-(r["t"] - 11.4))))) for r in rows])
-    assert got["onset"] == [("Eulerian + tails from log f, nside 32", expected["onset"], tmp_path)]
+    assert got["onset"] == [("Eulerian + tails from log f, nside 32, t ≤ 20", expected["onset"], tmp_path)]
     assert got["max_E"][0][1] == expected["e_max"] and np.isfinite(expected["onset"])
     assert finite_n.mean_field_values("vmf", 10.0, reports=(), tails_cache=tmp_path)["onset"] == []
