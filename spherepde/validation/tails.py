@@ -453,7 +453,10 @@ def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=
         points, weights = mesh_sources(mesh, f, x, m)
         rows.append({"t": t, "E": alignment(points, weights, model.E.basis),
                      "F": alignment(points, weights, model.F.basis), "share": rec["background_share_max"],
-                     "x2": float(abs(x[np.argmax(m)][1])) if len(m) else math.nan, "min_f": float(f.min()),
+                     "x2": float(abs(x[np.argmax(m)][1])) if len(m) else math.nan,
+                     # ⟨Bz, z⟩ of the heaviest atom: 0 on the cone of rest of an equal pair (docs/theory.md)
+                     "q": float(x[np.argmax(m)] @ model.B @ x[np.argmax(m)]) if len(m) else math.nan,
+                     "min_f": float(f.min()),
                      "tail_cells": rec.get("tail_cells", 0)})
         if say is not None and k % int(round(2.0 / save_every)) == 0:
             say(f"    nside {nside}, {tails}: t = {t:g}, E {rows[-1]['E']:.3f}, F {rows[-1]['F']:.3f}, "
@@ -465,18 +468,23 @@ def hybrid_series_of_run(path):
     """The rows of hybrid_series from a complete run file (its own diagnostics: alignment with E and F
     of the mesh and the atoms, background_share_max, x₂ of the heaviest atom, min_density,
     tail_cells) and its wall time (of the last segment, if it was resumed)."""
+    import json
+
     from ..storage.runfile import open_run
 
     with open_run(path) as ds:
         if int(ds.attrs.get("complete", 0)) != 1:
             raise ValueError(f"{path}: the run is not complete")
         masses, positions = ds["atom_mass"].values, ds["atom_position"].values
+        B = np.array(json.loads(ds.attrs["config"])["model"]["B"], dtype=float)
         rows = []
         for k, t in enumerate(ds["time"].values):
             heaviest = int(np.argmax(masses[k]))
+            z = positions[k, heaviest]
             rows.append({"t": float(t), "E": float(ds["alignment_E"].values[k]), "F": float(ds["alignment_F"].values[k]),
                          "share": float(ds["background_share_max"].values[k]),
-                         "x2": float(abs(positions[k, heaviest, 1])) if masses[k, heaviest] > 0 else math.nan,
+                         "x2": float(abs(z[1])) if masses[k, heaviest] > 0 else math.nan,
+                         "q": float(z @ B @ z) if masses[k, heaviest] > 0 else math.nan,
                          "min_f": float(ds["min_density"].values[k]), "tail_cells": int(ds["tail_cells"].values[k])})
         return {"rows": rows, "wall": float(ds.attrs.get("wall_seconds", math.nan)), "run_file": Path(path).name}
 
@@ -535,7 +543,7 @@ def hybrid_summary(rows):
     half = np.flatnonzero(x2 >= 0.5)
     return {"onset": f_phase_onset(ds), "e_max": e_max, "t_max": t_max, "f_max": float(f.max()),
             "t_f_max": after[int(f.argmax())]["t"], "t_x2_half": after[half[0]]["t"] if half.size else math.nan,
-            "E_end": rows[-1]["E"], "F_end": rows[-1]["F"]}
+            "E_end": rows[-1]["E"], "F_end": rows[-1]["F"], "q_end": rows[-1].get("q", math.nan)}
 
 
 def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True, laws=None, variants=None,
@@ -573,11 +581,13 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                 fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
                 lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
                              f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
-                             f"{s['E_end']:.3f} / {s['F_end']:.3f} | {result['wall']:.0f} |")
+                             f"{s['E_end']:.3f} / {s['F_end']:.3f} | {fmt(s['q_end']).replace('none', '—')} | "
+                             f"{result['wall']:.0f} |")
         sections.append(
             f"## {law_name[0].upper() + law_name[1:]} ({law!r})\n\n"
             "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
-            f"E / F at t = {t_end:g} | wall (s) |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+            f"E / F at t = {t_end:g} | ⟨Bz, z⟩ then | wall (s) |\n|---|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(lines) + "\n")
     path = out / ("hybrid.md" if beta == 30.0 else f"hybrid_beta{beta:g}.md")
     path.write_text(
         f"# The paper's question at β = {beta:g} with the tails in the solver\n\n"
@@ -596,7 +606,9 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
         "not followed); \"spherepde run\": the default coupling from a run file of "
         "`solvers/sweeps/tails_convergence.toml` (resumable; its wall time is the last segment's). "
-        "x₂: of the heaviest atom (F = span e₂).\n\n"
+        "x₂: of the heaviest atom z (F = span e₂); ⟨Bz, z⟩ = −z₁² − z₂² + z₃²: −1 on E, 0 on the cone where an "
+        "equal antipodal pair is at rest, through the diagonal x₁ = ±x₃ on the way to F (docs/theory.md; — in "
+        "runs kept before it was recorded).\n\n"
         + "\n".join(sections))
     return path
 
