@@ -96,14 +96,15 @@ def log_muscl_edge_fluxes(f, grad, log_shift, un, edge_cells, edge_points, centr
     return np.sum(un * np.where(un > 0, edge_values(edge_cells[:, 0]), edge_values(edge_cells[:, 1])), axis=1)
 
 
-def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, points, limited=False):
-    """The local quadratic fit of the stencil's values of each point's cell, evaluated at it
+def polynomial_interpolate(values, stencil, fits, e1, e2, centroids, cells, points, degree=2, limited=False):
+    """The local polynomial fit of the stencil's values of each point's cell, evaluated at it
     (limited: clipped to the range of the stencil's values)."""
     c = centroids[cells]
     d = np.sum(points * c, axis=1)
     u = np.sum(points * e1[cells], axis=1) / d
     v = np.sum(points * e2[cells], axis=1) / d
-    basis = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=1)
+    terms = [np.ones_like(u), u, v, u * u, u * v, v * v, u ** 3, u * u * v, u * v * v, v ** 3]
+    basis = np.stack(terms[:(degree + 1) * (degree + 2) // 2], axis=1)
     local = np.where(stencil[cells] >= 0, values[np.maximum(stencil[cells], 0)], 0.0)
     out = np.einsum("nk,nkj,nj->n", basis, fits[cells], local)
     if limited:

@@ -41,7 +41,7 @@ from ..models.checks import check_model
 from ..models.schedule import schedule_of
 from ..summation import DEFAULT_TOL
 from ..summation.field import attention_field, mesh_sources
-from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density, unit_rows
+from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, unit_rows
 from .atoms import Atoms
 
 __all__ = ["LogDensitySolver"]
@@ -68,7 +68,7 @@ class LogDensitySolver:
         self.dt = float(dt)
         self.summation = summation
         self.tolerance = tolerance
-        self.interpolant = QuadraticInterpolant(mesh)
+        self.interpolant = PolynomialInterpolant(mesh)
         self.atoms = None if atoms is None else Atoms(mesh, **atoms)
         self.evaluations = 0  # attention sums over all the cells (a measure of cost)
         self.mass0 = None  # the initial mass, set by snapshots

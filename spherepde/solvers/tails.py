@@ -51,7 +51,7 @@ import numpy as np
 
 from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
-from ..transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
+from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
 
@@ -109,7 +109,7 @@ class LogTails:
         self.reset, self.criterion, self.follow, self.reference = reset, criterion, bool(follow), reference
         self.mesh, self.model = mesh, model
         self.interval, self.level, self.exclusion = float(interval), float(level), float(exclusion)
-        self.interpolant = QuadraticInterpolant(mesh, limited=limited)
+        self.interpolant = PolynomialInterpolant(mesh, limited=limited)
         self.reach = self.exclusion * math.sqrt(mesh.area)  # chordal ≈ geodesic at this size
         self.g = None
         self.rate = None  # ∂g/∂t at the centroids that the tail cells follow until the next coupling

@@ -5,9 +5,10 @@ Along a path x(s) of the velocity v, d/ds g(x(s), s) = −div_S v(x(s), s) (docs
     g(x, t + Δt) = g(X, t) − ∫_t^{t+Δt} div_S v(x(s), s) ds,
 
 X the departure point at t of the path that arrives at x at t + Δt. The values live at the cell
-centroids; g at a departure point comes from a local quadratic fit in the tangent plane over the
-cell that holds it and its 8 neighbours (`QuadraticInterpolant`): exact for quadratic g, so for
-the Gaussian-like and exponential profiles of the tails, whose log f is smooth where f is not.
+centroids; g at a departure point comes from a local polynomial fit in the tangent plane over the
+cell that holds it and its neighbours (`PolynomialInterpolant`; degree 2 over 9 cells by default,
+degree 3 over 25): exact for polynomial g of that degree, so for the Gaussian-like and exponential
+profiles of the tails, whose log f is smooth where f is not.
 Paths: the classical Runge–Kutta rule of order 4 backward in time, in R³ on the field extended
 by v(x/|x|) (tangent, so |x| is conserved and the final normalisation only removes round-off);
 the path's midpoint by the rule's dense output of order 3; the divergence integral by Simpson's
@@ -24,27 +25,21 @@ import healpy as hp
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["QuadraticInterpolant", "quadratic_interpolate", "advance_log_density", "unit_rows"]
-
-STENCIL = 9  # the cell and its 8 neighbours (7 for the 24 cells with a missing corner neighbour)
+__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "unit_rows"]
 
 
 @njit(cache=True, parallel=True)
-def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, points, limited, out):
-    """out[n] = the quadratic fit of values over the stencil of cells[n], at points[n]; limited:
-    clipped to the range of the stencil's values (quasi-monotone, Bermejo & Staniforth 1992).
+def polynomial_interpolate(values, stencil, fits, basis, cells, limited, out):
+    """out[n] = the polynomial fit of values over the stencil of cells[n], at the point whose
+    monomials (1, u, v, u², uv, v², …, `monomials`) are basis[n]; limited: clipped to the range of
+    the stencil's values (quasi-monotone, Bermejo & Staniforth 1992).
 
-    fits[c] (6, 9) maps the stencil's values to the coefficients of 1, u, v, u², uv, v², with
-    (u, v) the gnomonic coordinates of a point in the tangent plane at centroid c (frame e1, e2);
-    a missing neighbour (stencil −1) has a zero column.
+    fits[c] (terms, width) maps the stencil's values to the coefficients of the monomials in the
+    gnomonic coordinates (u, v) of the tangent plane at centroid c; a missing stencil entry (−1)
+    has a zero column.
     """
-    for n in prange(points.shape[0]):
+    for n in prange(basis.shape[0]):
         c = cells[n]
-        px, py, pz = points[n, 0], points[n, 1], points[n, 2]
-        d = px * centroids[c, 0] + py * centroids[c, 1] + pz * centroids[c, 2]
-        u = (px * e1[c, 0] + py * e1[c, 1] + pz * e1[c, 2]) / d
-        v = (px * e2[c, 0] + py * e2[c, 1] + pz * e2[c, 2]) / d
-        basis = (1.0, u, v, u * u, u * v, v * v)
         total = 0.0
         low, high = np.inf, -np.inf
         for j in range(stencil.shape[1]):
@@ -52,13 +47,19 @@ def quadratic_interpolate(values, stencil, fits, e1, e2, centroids, cells, point
             if s < 0:
                 continue
             weight = 0.0
-            for k in range(6):
-                weight += basis[k] * fits[c, k, j]
+            for k in range(basis.shape[1]):
+                weight += basis[n, k] * fits[c, k, j]
             total += weight * values[s]
             low, high = min(low, values[s]), max(high, values[s])
         # limited: no value outside the stencil's range, so a steep g (beside an atom, at a cut)
-        # is never extrapolated into a spurious peak; it costs the exactness for quadratics
+        # is never extrapolated into a spurious peak; it costs the exactness for polynomials
         out[n] = min(max(total, low), high) if limited else total
+
+
+def monomials(u, v, degree):
+    """(…, terms) array of the monomials u^(p−i) v^i, p = 0 … degree, i = 0 … p, in that order
+    (1, u, v, u², uv, v², u³, …): (degree + 1)(degree + 2)/2 terms."""
+    return np.stack([u ** (p - i) * v ** i for p in range(degree + 1) for i in range(p + 1)], axis=-1)
 
 
 def _frames(centroids):
@@ -69,43 +70,64 @@ def _frames(centroids):
     return e1, np.cross(centroids, e1)
 
 
-class QuadraticInterpolant:
-    """Values at the cell centroids of a HealpixMesh, interpolated at any points of S² by local
-    quadratic least squares (module docstring); the fits are computed once per mesh. limited:
-    every interpolated value (and every value of cell_averages_of_exp's fits) is clipped to the
-    range of its stencil (quadratic_interpolate)."""
+def _stencils(nside, rings):
+    """(npix, width) NESTED cells: each cell, then its neighbours out to `rings` rings (−1 pads
+    the rows of cells with fewer, next to the 8 vertices where 3 base faces meet)."""
+    npix = hp.nside2npix(nside)
+    rows = np.arange(npix)[:, None]
+    if rings == 1:  # healpy's order (SW, W, NW, N, NE, E, SE, S), −1 where a corner neighbour is missing
+        neighbours = hp.get_all_neighbours(nside, np.arange(npix), nest=True).T
+        return np.ascontiguousarray(np.concatenate([rows, neighbours], axis=1), dtype=np.int64)
+    for _ in range(rings):
+        ring = hp.get_all_neighbours(nside, np.maximum(rows, 0).ravel(), nest=True).T.reshape(npix, -1)
+        ring[np.repeat(rows < 0, 8, axis=1)] = -1
+        rows = np.concatenate([rows, ring], axis=1)
+    unique = [np.concatenate([[c], np.setdiff1d(np.unique(row[row >= 0]), [c])]) for c, row in enumerate(rows)]
+    width = max(len(u) for u in unique)
+    out = np.full((npix, width), -1, dtype=np.int64)
+    for c, u in enumerate(unique):
+        out[c, :len(u)] = u
+    return out
 
-    def __init__(self, mesh, limited: bool = False):
-        self.mesh = mesh
+
+class PolynomialInterpolant:
+    """Values at the cell centroids of a HealpixMesh, interpolated at any points of S² by local
+    polynomial least squares (module docstring): degree 2 over the cell and its 8 neighbours,
+    degree 3 over two rings of neighbours (25 cells); the fits are computed once per mesh.
+    limited: every interpolated value (and every value of cell_averages_of_exp's fits) is
+    clipped to the range of its stencil (polynomial_interpolate)."""
+
+    def __init__(self, mesh, degree: int = 2, limited: bool = False):
+        if degree not in (2, 3):
+            raise ValueError(f"degree must be 2 or 3, got {degree!r}")
+        self.mesh, self.degree = mesh, int(degree)
         self.limited = bool(limited)
-        npix = mesh.npix
         self.centroids = np.ascontiguousarray(mesh.centroids)
         self.e1, self.e2 = _frames(self.centroids)
-        neighbours = hp.get_all_neighbours(mesh.nside, np.arange(npix), nest=True).T
-        self.stencil = np.ascontiguousarray(np.concatenate([np.arange(npix)[:, None], neighbours], axis=1),
-                                            dtype=np.int64)
-        points = self.centroids[np.maximum(self.stencil, 0)]  # (npix, 9, 3)
-        c = self.centroids[:, None, :]
-        d = np.sum(points * c, axis=2)
-        u = np.sum(points * self.e1[:, None, :], axis=2) / d
-        v = np.sum(points * self.e2[:, None, :], axis=2) / d
-        design = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=2)
+        self.stencil = _stencils(mesh.nside, degree - 1)
+        points = self.centroids[np.maximum(self.stencil, 0)]  # (npix, width, 3)
+        design = self._monomials_at(points, np.arange(mesh.npix)[:, None])
         design[self.stencil < 0] = 0.0
-        self.fits = np.ascontiguousarray(np.linalg.pinv(design))  # (npix, 6, 9)
+        self.fits = np.ascontiguousarray(np.linalg.pinv(design))  # (npix, terms, width)
         self._order = None  # the cell quadrature of cell_averages_of_exp, built on first use
 
+    def _monomials_at(self, points, cells):
+        """The monomials of the gnomonic coordinates of points (…, 3) in the tangent planes of
+        cells (broadcast against points' leading axes)."""
+        c = self.centroids[cells]
+        d = np.sum(points * c, axis=-1)
+        u = np.sum(points * self.e1[cells], axis=-1) / d
+        v = np.sum(points * self.e2[cells], axis=-1) / d
+        return monomials(u, v, self.degree)
+
     def cell_averages_of_exp(self, g, order: int = 3):
-        """Cell averages of e^{ĝ}, ĝ each cell's own quadratic fit of the centroid values g, by the
+        """Cell averages of e^{ĝ}, ĝ each cell's own polynomial fit of the centroid values g, by the
         cell's exact-area quadrature (spherepde.geometry.mesh.cell_quadrature): the cell averages
         of f = e^{g} that a finite-volume scheme holds, accurate relative to f where g is smooth."""
         if self._order != order:
             points, self._qweights = self.mesh.cell_quadrature(order)  # (npix, m, 3), (m,)
-            c = self.centroids[:, None, :]
-            d = np.sum(points * c, axis=2)
-            u = np.sum(points * self.e1[:, None, :], axis=2) / d
-            v = np.sum(points * self.e2[:, None, :], axis=2) / d
-            basis = np.stack([np.ones_like(u), u, v, u * u, u * v, v * v], axis=2)  # (npix, m, 6)
-            self._at_quadrature = np.einsum("cmk,ckj->cmj", basis, self.fits)  # (npix, m, 9)
+            basis = self._monomials_at(points, np.arange(self.mesh.npix)[:, None])  # (npix, m, terms)
+            self._at_quadrature = np.einsum("cmk,ckj->cmj", basis, self.fits)  # (npix, m, width)
             self._order = order
         g = np.asarray(g, dtype=float)
         local = np.where(self.stencil >= 0, g[np.maximum(self.stencil, 0)], 0.0)
@@ -121,8 +143,10 @@ class QuadraticInterpolant:
     def __call__(self, values, points, out=None):
         points = np.ascontiguousarray(points, dtype=float)
         out = np.empty(points.shape[0]) if out is None else out
-        quadratic_interpolate(np.ascontiguousarray(values, dtype=float), self.stencil, self.fits, self.e1, self.e2,
-                              self.centroids, self.cells_of(points), points, self.limited, out)
+        cells = self.cells_of(points)
+        basis = np.ascontiguousarray(self._monomials_at(points, cells))
+        polynomial_interpolate(np.ascontiguousarray(values, dtype=float), self.stencil, self.fits, basis, cells,
+                               self.limited, out)
         return out
 
 

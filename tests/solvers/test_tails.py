@@ -20,7 +20,7 @@ from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.solvers.tails import TAIL_INTERVAL, coupling_schedule, coupling_times
 from spherepde.storage.runfile import open_run
-from spherepde.transport.semi_lagrangian import QuadraticInterpolant, advance_log_density
+from spherepde.transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
 from spherepde.validation.tails import exact_cell_averages, zero_temperature_field_of
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
@@ -152,7 +152,7 @@ def test_g_is_the_characteristics_log_density(zero_temperature):
     orthogonal), the same for any state: g is the semi-Lagrangian transport in that exact field,
     written out here, outside the cells near the atoms (where g is reset to log f)."""
     mesh, model, out = zero_temperature
-    interpolant = QuadraticInterpolant(mesh)
+    interpolant = PolynomialInterpolant(mesh)
     field = zero_temperature_field_of(PAPER_V @ PAPER_B.T)
 
     g = np.full(mesh.npix, -math.log(4 * math.pi))

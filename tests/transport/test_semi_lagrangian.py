@@ -9,7 +9,7 @@ import numpy_reference as ref
 import pytest
 import scipy.linalg
 
-from spherepde.transport.semi_lagrangian import QuadraticInterpolant, advance_log_density, quadratic_interpolate
+from spherepde.transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, polynomial_interpolate
 
 M = np.diag([-1.0, 1.0, -2.0]) @ np.diag([-1.0, -1.0, 1.0]).T  # V Bᵀ of the paper's matrices
 
@@ -24,18 +24,40 @@ def smooth(x):
 
 
 @pytest.mark.parametrize("limited", [False, True])
-def test_kernel_equals_the_numpy_reference(mesh_factory, limited):
+@pytest.mark.parametrize("degree", [2, 3])
+def test_kernel_equals_the_numpy_reference(mesh_factory, limited, degree):
     mesh = mesh_factory(8)
-    interp = QuadraticInterpolant(mesh)
+    interp = PolynomialInterpolant(mesh, degree=degree, limited=limited)
     values = np.random.default_rng(1).normal(size=mesh.npix)
     points = random_points(500, 2)
     cells = interp.cells_of(points)
     out = np.empty(500)
-    quadratic_interpolate(values, interp.stencil, interp.fits, interp.e1, interp.e2, interp.centroids, cells, points,
-                          limited, out)
-    expect = ref.quadratic_interpolate(values, interp.stencil, interp.fits, interp.e1, interp.e2, interp.centroids,
-                                       cells, points, limited)
+    polynomial_interpolate(values, interp.stencil, interp.fits, np.ascontiguousarray(interp._monomials_at(points, cells)),
+                           cells, limited, out)
+    expect = ref.polynomial_interpolate(values, interp.stencil, interp.fits, interp.e1, interp.e2, interp.centroids,
+                                        cells, points, degree, limited)
     np.testing.assert_allclose(out, expect, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(interp(values, points), expect, rtol=1e-12, atol=1e-12)
+
+
+def test_the_stencils_are_the_cell_and_its_rings_of_neighbours(mesh_factory):
+    """Degree 2: the cell and its 8 neighbours (7 at the 24 cells beside a vertex of 3 base faces);
+    degree 3: two rings, 25 distinct cells (fewer there); every entry a distinct cell."""
+    import healpy as hp
+
+    mesh = mesh_factory(8)
+    two, three = PolynomialInterpolant(mesh), PolynomialInterpolant(mesh, degree=3)
+    assert two.stencil.shape == (mesh.npix, 9) and three.fits.shape[1:] == (10, three.stencil.shape[1])
+    assert np.sum(two.stencil < 0) == 24
+    counts = np.sum(three.stencil >= 0, axis=1)
+    assert counts.max() == 25 and np.sum(counts < 25) > 0
+    for c in (0, 77, 400):
+        row = three.stencil[c][three.stencil[c] >= 0]
+        ring = set(hp.get_all_neighbours(8, c, nest=True)) - {-1}
+        second = set(hp.get_all_neighbours(8, np.array(sorted(ring)), nest=True).ravel()) - {-1}
+        assert row[0] == c and len(set(row)) == len(row) and set(row) == ring | second | {c}
+    with pytest.raises(ValueError, match="degree must be 2 or 3"):
+        PolynomialInterpolant(mesh, degree=4)
 
 
 def test_the_limited_interpolant_makes_no_new_extremum_at_a_cut(mesh_factory):
@@ -45,10 +67,10 @@ def test_the_limited_interpolant_makes_no_new_extremum_at_a_cut(mesh_factory):
     g = np.zeros(mesh.npix)
     g[100] = -23.0
     points = random_points(20000, 4)
-    unlimited, limited = QuadraticInterpolant(mesh)(g, points), QuadraticInterpolant(mesh, limited=True)(g, points)
+    unlimited, limited = PolynomialInterpolant(mesh)(g, points), PolynomialInterpolant(mesh, limited=True)(g, points)
     assert unlimited.max() > 1.0  # e^{g} overshoots the plateau f = 1 by a factor e
     assert limited.max() <= 0.0 and limited.min() >= -23.0
-    averages = QuadraticInterpolant(mesh, limited=True).cell_averages_of_exp(g)
+    averages = PolynomialInterpolant(mesh, limited=True).cell_averages_of_exp(g)
     assert averages.max() <= 1.0 + 1e-12
 
 
@@ -56,9 +78,20 @@ def test_interpolation_of_a_smooth_function_is_third_order(mesh_factory):
     points = random_points(2000, 3)
     errors = []
     for nside in (16, 32):
-        interp = QuadraticInterpolant(mesh_factory(nside))
+        interp = PolynomialInterpolant(mesh_factory(nside))
         errors.append(np.abs(interp(smooth(interp.centroids), points) - smooth(points)).max())
     assert math.log2(errors[0] / errors[1]) > 2.7, errors
+
+
+def test_interpolation_of_degree_3_is_fourth_order_and_beats_degree_2(mesh_factory):
+    points = random_points(2000, 3)
+    errors = []
+    for nside in (16, 32):
+        interp = PolynomialInterpolant(mesh_factory(nside), degree=3)
+        errors.append(np.abs(interp(smooth(interp.centroids), points) - smooth(points)).max())
+    quadratic = PolynomialInterpolant(mesh_factory(32))
+    assert math.log2(errors[0] / errors[1]) > 3.5, errors
+    assert errors[1] < 0.5 * np.abs(quadratic(smooth(quadratic.centroids), points) - smooth(points)).max()
 
 
 def field(s, x):
@@ -70,7 +103,7 @@ def field(s, x):
 def transported_error(mesh, dt, t_end):
     """(median, 90th percentile of |f_h/f − 1| over the tail, min f_h / min f) at t_end from the
     uniform law, against f_t(y) = e^{2t}/(4π|e^{−tM}y|³) at the centroids."""
-    interp = QuadraticInterpolant(mesh)
+    interp = PolynomialInterpolant(mesh)
     g = np.full(mesh.npix, -math.log(4 * math.pi))
     for k in range(int(round(t_end / dt))):
         g = advance_log_density(interp, g, field, k * dt, dt)
@@ -116,5 +149,5 @@ def test_cell_averages_of_exp_match_the_exact_cell_averages(mesh_factory):
         z = mesh.centroids @ scipy.linalg.expm(-4.0 * M).T
         g = 8.0 - math.log(4 * math.pi) - 3 * np.log(np.linalg.norm(z, axis=1))
         exact = tails.exact_cell_averages(mesh, zero_temperature_density(model, Uniform(), 4.0))
-        medians.append(tails.tail_errors(mesh, QuadraticInterpolant(mesh).cell_averages_of_exp(g), exact)["median"])
+        medians.append(tails.tail_errors(mesh, PolynomialInterpolant(mesh).cell_averages_of_exp(g), exact)["median"])
     assert medians[0] < 2e-4 and medians[0] / medians[1] > 8, medians
