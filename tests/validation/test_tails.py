@@ -105,3 +105,8 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
         assert a["min_f"] == pytest.approx(b["min_f"], rel=1e-12) and a["tail_cells"] == b["tail_cells"]
         assert abs(a["E"] - b["E"]) < 1e-2 and abs(a["F"] - b["F"]) < 1e-2
     assert any(r["tail_cells"] > 0 for r in direct)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    assert tails.import_runs(tmp_path, cache) == [tmp_path / "run.nc"]  # kept once, as the run file's variant
+    kept = tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_VARIANT, "projected normal")
+    assert kept.is_file() and tails.import_runs(tmp_path, cache) == []
