@@ -16,7 +16,9 @@ The hybrid state is f (cell averages, finite volumes), the atoms, and g at the c
 At every coupling time t₁ (as far apart as `interval` allows, whatever the saves:
 coupling_schedule):
 1. g is advanced from the previous coupling time t₀ in the field of the state, linear in time
-   between the state at t₀ and the state at t₁ (the attention sums of f dA + atoms);
+   between the state at t₀ and the state at t₁ (the attention sums of f dA + atoms); with
+   `substeps` > 1, between the states after every step, the paths in that many RK4 steps and g
+   still interpolated once;
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
    below `level` × the mesh's largest f (criterion "min"; "fv": f alone; reference "measure":
    × the largest of that and every atom's mass per cell area) and its centroid lies farther
@@ -45,6 +47,7 @@ the F-onset is not yet converged in the mesh (validation/reports/tails/hybrid.md
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
@@ -103,10 +106,14 @@ class LogTails:
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
-                 criterion: str = "min", follow: bool = True, reference: str = "mesh"):
+                 criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1):
         if reference not in ("mesh", "measure"):
             raise ValueError(f"reference must be 'mesh' or 'measure', got {reference!r}")
+        if not (isinstance(substeps, int) and substeps >= 1):
+            raise ValueError(f"substeps must be an integer >= 1, got {substeps!r}")
         self.reset, self.criterion, self.follow, self.reference = reset, criterion, bool(follow), reference
+        self.substeps = substeps
+        self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1
         self.mesh, self.model = mesh, model
         self.interval, self.level, self.exclusion = float(interval), float(level), float(exclusion)
         self.interpolant = PolynomialInterpolant(mesh, limited=limited)
@@ -133,6 +140,7 @@ class LogTails:
             raise ValueError(f"tails need log f at the {self.mesh.npix} centroids, finite (f > 0 everywhere)")
         self.g, self.t = g, float(t)
         self._previous = self.field_of(f, atoms)
+        self._states = []
         self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
         self.rate = self.log_rate(self._previous) if rate is None else np.array(rate, dtype=float)
         self._anchor_at(t, f, atoms)
@@ -143,17 +151,22 @@ class LogTails:
         t0, dt = self.t, t - self.t
         if not dt > 0:
             raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
-        before, now = self._previous, self.field_of(f, atoms)
+        now = self.field_of(f, atoms)
+        # the states recorded since t0 (substeps > 1: one per step), then this one
+        times = [t0] + [s for s, _ in self._states] + [float(t)]
+        fields = [self._previous] + [fn for _, fn in self._states] + [now]
 
-        def field(s, x):  # the field linear in time between the states at t0 and t
-            theta = min(max((s - t0) / dt, 0.0), 1.0)
-            if theta == 0.0 or theta == 1.0:  # an end of the interval: one state's sums only
-                return (now if theta else before)(x)
-            (va, da), (vb, db) = before(x), now(x)
+        def field(s, x):  # the field linear in time between the recorded states around s
+            k = min(max(bisect.bisect_right(times, s) - 1, 0), len(times) - 2)
+            theta = min(max((s - times[k]) / (times[k + 1] - times[k]), 0.0), 1.0)
+            if theta == 0.0 or theta == 1.0:  # a recorded time: one state's sums only
+                return fields[k + 1 if theta else k](x)
+            (va, da), (vb, db) = fields[k](x), fields[k + 1](x)
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
         g_before = self.g
-        self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt)
+        self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt, self.substeps)
+        self._states = []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
         f_log = self.interpolant.cell_averages_of_exp(g)
@@ -229,8 +242,12 @@ class LogTails:
         largest f then, in place; the rest of the measure is scaled to keep the mass. Without this
         the finite volumes move accurate tails by 0.15–0.9 decades within an interval of 0.05
         (nside 16, β = 30, t = 6–16), where following is off by 0.04–0.12 (docs/numerics.md)."""
-        if self._anchor is None:
-            return
+        if self._anchor is not None:
+            self._follow(t, f, atoms)
+        if self.substeps > 1:  # the state after this step, for g's paths at the next coupling
+            self._states.append((float(t), self.field_of(f, atoms)))
+
+    def _follow(self, t, f, atoms):
         t1, cells, values, rate, cap = self._anchor
         new = np.minimum(values * np.exp((t - t1) * rate), cap)
         moved = float((new - f[cells]).sum() * self.mesh.area)

@@ -150,21 +150,30 @@ class PolynomialInterpolant:
         return out
 
 
-def advance_log_density(interpolant, g, field, t, dt):
-    """g at the centroids at t + dt from g at t (module docstring). field(s, points) → (v, div)."""
+def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1):
+    """g at the centroids at t + dt from g at t (module docstring). field(s, points) → (v, div).
+    substeps: the path back from each centroid in that many RK4 steps of dt/substeps (the
+    divergence integral summed along it), g interpolated once at its end, so a finer path adds
+    no interpolation error."""
     x = interpolant.centroids
-    h = -dt  # backward in time, from the arrival at t + dt
-    k1, div1 = field(t + dt, x)
-    k2 = field(t + 0.5 * dt, unit_rows(x + 0.5 * h * k1))[0]
-    k3 = field(t + 0.5 * dt, unit_rows(x + 0.5 * h * k2))[0]
-    k4 = field(t, unit_rows(x + h * k3))[0]
-    departure = unit_rows(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
-    # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
-    middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
-    _, divm = field(t + 0.5 * dt, middle)
-    _, div0 = field(t, departure)
-    integral = dt * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
-    return interpolant(g, departure) - integral
+    h = -dt / substeps  # backward in time, from the arrival at t + dt
+    integral = 0.0
+    for j in range(substeps):
+        # this substep runs from hi back to lo (one step: t + dt, t + dt/2, t exactly)
+        k = substeps - j
+        hi, mid, lo = t + dt * k / substeps, t + dt * (2 * k - 1) / (2 * substeps), t + dt * (k - 1) / substeps
+        k1, div1 = field(hi, x)
+        k2 = field(mid, unit_rows(x + 0.5 * h * k1))[0]
+        k3 = field(mid, unit_rows(x + 0.5 * h * k2))[0]
+        k4 = field(lo, unit_rows(x + h * k3))[0]
+        departure = unit_rows(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
+        # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
+        middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
+        _, divm = field(mid, middle)
+        _, div0 = field(lo, departure)
+        integral = integral - h * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
+        x = departure
+    return interpolant(g, x) - integral
 
 
 def unit_rows(x):

@@ -427,6 +427,8 @@ HYBRID_VARIANTS = {
     "tails from log f, coupling every 0.2 (saves every 0.2)": {"interval": 0.2, "save_every": 0.2},
     "tails from log f, coupling every 0.4 (saves every 0.4)": {"interval": 0.4, "save_every": 0.4},
     RUN_FILE_VARIANT: {"interval": 0.2, "save_every": 0.2, "from_run": True},
+    "tails from log f, coupling every 0.2 (saves every 0.2), paths in 4 steps":
+        {"interval": 0.2, "save_every": 0.2, "substeps": 4},
     "tails from log f, coupling every 0.2 (saves every 0.2), level relative to the atoms too":
         {"interval": 0.2, "save_every": 0.2, "reference": "measure"},
     "tails from log f, coupling every 0.1": {"interval": 0.1},
@@ -609,7 +611,8 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "of g over the last interval along the characteristics) with couplings every 0.2 (the default, as far "
         "apart as that allows whatever the saves), every 0.2 and 0.4 with saves as far apart (F-onset and the "
         "time at |x₂| = ½ then resolved to the save interval; also with the level relative to the largest of "
-        "the mesh's f and every atom's mass per cell area, `reference = \"measure\"`), and every 0.1, 0.05, 0.025; with couplings "
+        "the mesh's f and every atom's mass per cell area, `reference = \"measure\"`; and with g's paths in 4 RK4 steps "
+        "through the states after every step, g still interpolated once, `substeps = 4`), and every 0.1, 0.05, 0.025; with couplings "
         "every 0.1, the tail cells left to the finite volumes between couplings (`tail_follow = false`), and "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
         "not followed); \"spherepde run\": the default coupling from a run file of "
