@@ -128,12 +128,13 @@ class EulerianController:
             f = np.array(start.density, dtype=float)
             first = start.index + 1
         tails = solver.tails
+        couplings = coupling_schedule(times, tails.interval) if tails is not None else None
         if tails is not None:
             if start.index > 0 and start.log_density is None:
                 raise ValueError("a run with tails continues from a state with its log_density")
             rate = None
             if start.index > 0:
-                if times[start.index] not in coupling_schedule(times, tails.interval)[start.index - 1]:
+                if times[start.index] not in couplings[start.index - 1]:
                     raise ValueError(f"a run with tails continues from a snapshot at a coupling time, not "
                                      f"t = {times[start.index]:g} (its log_density is of the last coupling)")
                 g, rate = start.log_density, start.log_density_rate
@@ -160,7 +161,6 @@ class EulerianController:
             lag.clear_error()
             velocity.forget_routes()
 
-        couplings = coupling_schedule(times, tails.interval) if tails is not None else None
         for k in range(first, len(times)):
             state.t_save = times[k]
             state.f = f

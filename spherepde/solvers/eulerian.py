@@ -47,8 +47,8 @@ the uninterrupted one across switches, and layers of equal weights give the sing
 
 With tails (spherepde.solvers.tails, `tails={...}`) the state also holds g = log f at the centroids,
 carried along characteristics: at every coupling time (as far apart as tails["interval"] allows,
-whatever the saves: spherepde.solvers.tails.coupling_schedule; a step lands on each) the tail cells of f take the cell averages of
-e^g, the bulk and the atoms are scaled to keep the mass, and the source measure has changed (the
+whatever the saves: spherepde.solvers.tails.coupling_schedule; a step lands on each) the tail
+cells of f take the cell averages of e^g, the bulk and the atoms are scaled to keep the mass, and the source measure has changed (the
 extrapolated fluxes restart, as after an atom event). It needs atoms, one head and no noise.
 """
 

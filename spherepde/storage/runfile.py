@@ -697,7 +697,8 @@ class ResumePoint:
 
 def read_resume_point(path) -> ResumePoint:
     """The last snapshot a run can continue from: the end of the prefix of complete, regular
-    snapshots (with tails from log f, the last of them at a coupling time). Raises RunFileError if there is none or the file is not a readable run file."""
+    snapshots (with tails from log f, the last of them at a coupling time). Raises RunFileError
+    if there is none or the file is not a readable run file."""
     ds = _load(path)
     if "config" not in ds.attrs:
         raise RunFileError(f"{path}: not a spherepde run file (no config attribute)")

@@ -276,9 +276,9 @@ def tails_mean_field(law, beta, cache=TAILS_RUNS):
     (couplings every 0.2) kept for this law and β in the tails report's cached runs
     (validation/reports/tails/hybrid_runs, spherepde.validation.tails.hybrid_report): F-onset and
     max alignment with E; [] where none is kept."""
-    from .tails import RUN_FILE_VARIANT, hybrid_key, hybrid_summary
+    from .tails import LAW_KINDS, RUN_FILE_VARIANT, hybrid_key, hybrid_summary
 
-    name = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}[law]
+    name = LAW_KINDS[law]
     variants = (RUN_FILE_VARIANT, "tails from log f, coupling every 0.2 (saves every 0.2)")
     for nside in (128, 64, 32, 16, 8):
         for variant in variants:

@@ -26,6 +26,7 @@ in NumPy, measured here against the same exact solution, point values against po
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from pathlib import Path
@@ -444,6 +445,7 @@ HYBRID_VARIANTS = {
 # The initial laws of solvers/paper_beta.toml: (law, cache-file prefix).
 PAPER_VMF = VonMisesFisher(np.ones(3) / math.sqrt(3.0), 2.0)
 HYBRID_LAWS = {"projected normal": (PROJECTED_NORMAL, ""), "von Mises–Fisher": (PAPER_VMF, "vmf_")}
+LAW_KINDS = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}  # [initial] kind → HYBRID_LAWS
 
 
 def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None, law=None):
@@ -478,8 +480,6 @@ def hybrid_series_of_run(path):
     """The rows of hybrid_series from a complete run file (its own diagnostics: alignment with E and F
     of the mesh and the atoms, background_share_max, x₂ of the heaviest atom, min_density,
     tail_cells) and its wall time (of the last segment, if it was resumed)."""
-    import json
-
     from ..storage.runfile import open_run
 
     with open_run(path) as ds:
@@ -503,11 +503,8 @@ def import_runs(runs, cache):
     """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml) as
     the cached JSON of RUN_FILE_VARIANT for its law, nside and β (not replacing one already kept);
     the paths imported."""
-    import json
-
     from ..storage.runfile import open_run
 
-    laws = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}
     done = []
     for path in sorted(Path(runs).glob("*.nc")):
         if Path(f"{path}.lock").exists():  # a run is writing it
@@ -516,7 +513,7 @@ def import_runs(runs, cache):
             if int(ds.attrs.get("complete", 0)) != 1:
                 continue
             config = json.loads(ds.attrs["config"])
-        law = laws[config["initial"]["kind"]]
+        law = LAW_KINDS[config["initial"]["kind"]]
         key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), RUN_FILE_VARIANT, law)
         if not key.exists():
             key.write_text(json.dumps(hybrid_series_of_run(path)))
@@ -565,8 +562,6 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
     interrupted study continues where it stopped; run_missing=False writes the table of the runs
     already kept and leaves the others out; laws / variants (names in HYBRID_LAWS / HYBRID_VARIANTS,
     default all) limit the runs started, not the rows of runs already kept."""
-    import json
-
     out = Path(out)
     cache = Path(cache) if cache is not None else out / "hybrid_runs"
     cache.mkdir(parents=True, exist_ok=True)
