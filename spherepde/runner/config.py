@@ -55,7 +55,10 @@ A config has the sections
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
                    around an atom kept by the finite volumes, [0, 8]), tail_follow (default true:
                    between couplings the tail cells follow g's rate over the last interval;
-                   false: the finite volumes move them)
+                   false: the finite volumes move them), near_field_profile (the density inside a
+                   near cell of the sums at the atoms, where the kernel is narrower than a cell:
+                   "constant" (f_c) | "log_linear" (f_c e^{⟨γ, y − y_c⟩}/N_c, γ the limited slope
+                   of ln f); default "log_linear" with tails = "log", else "constant")
     [particles]    optional: mode ("tokens": n i.i.d. samples of ρ₀ | "quadrature": one particle per
                    Eulerian cell carrying its density), n, seed, scheme ("euler" | "rk4": fixed step
                    dt | "dopri5" | "bs32": embedded pairs with error control, dt the first step,
@@ -123,7 +126,7 @@ DEFAULTS = {
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
-                 "tail_exclusion": 3.0, "tail_follow": True},
+                 "tail_exclusion": 3.0, "tail_follow": True, "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
                   "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
@@ -674,6 +677,11 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     eul["tail_exclusion"] = _number("eulerian", "tail_exclusion", eul["tail_exclusion"], low=0.0, high=8.0)
     if not isinstance(eul["tail_follow"], bool):
         raise ConfigError(f"[eulerian] tail_follow: must be true or false, got {eul['tail_follow']!r}")
+    if eul["near_field_profile"] is None:  # the tails' slopes are accurate; the finite volumes' are not
+        eul["near_field_profile"] = "log_linear" if eul["tails"] == "log" else "constant"
+    if eul["near_field_profile"] not in NEAR_FIELD_PROFILES:
+        raise ConfigError(f'[eulerian] near_field_profile: must be "constant" or "log_linear", '
+                          f'got {eul["near_field_profile"]!r}')
     if eul["tails"] == "log":
         if not eul["atoms"] or noisy:
             raise ConfigError('[eulerian] tails: "log" needs atoms = true and no noise ([eulerian] atoms, '
@@ -904,6 +912,7 @@ ADDED_KEYS[("eulerian", "atom_cut")] = "floor"  # and the choice of what a new a
 ADDED_KEYS.update({("eulerian", "tails"): "finite_volume", ("eulerian", "tail_interval"): 0.1,  # tails from log f
                    ("eulerian", "tail_level"): 1e-3, ("eulerian", "tail_exclusion"): 3.0})
 ADDED_KEYS[("eulerian", "tail_follow")] = False  # tail cells following g between couplings came later
+ADDED_KEYS[("eulerian", "near_field_profile")] = "constant"  # and the log-linear profile at the atoms
 ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # any d and batched systems
                    ("particles", "summation"): "auto"})
 # the GPU backend came later: a file without the key ran on the CPU, as "auto" does without a GPU
@@ -915,9 +924,10 @@ ADDED_KEYS.update({("particles", "rtol"): 1e-6, ("particles", "atol"): 0.0})  # 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
 ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
-             "atom_join", "atom_cut")
+             "atom_join", "atom_cut", "near_field_profile")  # the profile acts at the atoms only
 ATOM_CUTS = ("floor", "tail")
 TAIL_KINDS = ("finite_volume", "log")
+NEAR_FIELD_PROFILES = ("constant", "log_linear")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 

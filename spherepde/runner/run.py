@@ -279,7 +279,8 @@ class RunSetup:
                                      summation=eul["summation"], tolerance=eul["tolerance"],
                                      near_field=eul["near_field"],
                                      velocity_tolerance=eul["velocity_tolerance"],
-                                     atoms=_atom_options(eul), noise=self.noise, tails=_tail_options(eul))
+                                     atoms=_atom_options(eul), noise=self.noise, tails=_tail_options(eul),
+                                     near_field_profile=eul["near_field_profile"])
         # with tails: log f₀ at the centroids, from the law's own density (exact, not a cell average)
         self.log_f0 = np.log(law.density(mesh.centroids)) if self.solver.tails is not None else None
         theory0 = self.theory[0]
@@ -321,7 +322,8 @@ class RunSetup:
             self.arrays.update(ATOM_DIAGNOSTICS)
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"],
-                               "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"]})
+                               "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"],
+                               "near_field_profile": eul["near_field_profile"]})
         if self.solver.tails is not None:
             self.variables.update(TAIL_META)
             self.arrays.update(TAIL_ARRAYS)

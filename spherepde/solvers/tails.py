@@ -209,12 +209,8 @@ class LogTails:
         """∂g/∂t = −v·∇g − div_S v at the centroids (1/time), in the frozen field (points → (v,
         div)): ∇g from each centroid's quadratic fit (the linear coefficients of its gnomonic
         coordinates, which have unit scale at the tangent point)."""
-        interp = self.interpolant
-        local = np.where(interp.stencil >= 0, self.g[np.maximum(interp.stencil, 0)], 0.0)
-        slope = np.einsum("ckj,cj->ck", interp.fits[:, 1:3, :], local)  # (∂g/∂u, ∂g/∂v)
-        v, div = field(interp.centroids)
-        along = slope[:, 0] * np.sum(v * interp.e1, axis=1) + slope[:, 1] * np.sum(v * interp.e2, axis=1)
-        return -along - div
+        v, div = field(self.interpolant.centroids)
+        return -np.sum(self.interpolant.slopes(self.g, limited=False) * v, axis=1) - div
 
     def _anchor_at(self, t, f, atoms, near=None):
         """The tail cells to follow after a coupling at t: the cells below the level, away from

@@ -32,8 +32,11 @@ from ..summation.kernels import unnormalise
 from ..summation.points import add_point_sources, point_log_partition
 from ..transport import kernels
 from ..transport.extrapolated import ExtrapolatedFlux
+from ..transport.semi_lagrangian import PolynomialInterpolant
 
-__all__ = ["EulerianVelocity"]
+__all__ = ["EulerianVelocity", "NEAR_FIELD_PROFILES"]
+
+NEAR_FIELD_PROFILES = ("constant", "log_linear")
 
 
 class EulerianVelocity:
@@ -42,14 +45,22 @@ class EulerianVelocity:
     schedule: a Schedule or CallableSchedule (spherepde.models.schedule); atoms: the solver's
     Atoms or None (their current positions and masses are read at every evaluation);
     summation, tolerance, near_field: the attention sums (attention_field, AttentionField);
+    near_field_profile: the density inside a near cell of the sums at the atoms (atom_velocity,
+    background_share): "constant" (f_c) or "log_linear" (f_c e^{⟨γ_c, y − y_c⟩}/N_c, γ_c the
+    limited slope of ln f, PolynomialInterpolant.slopes): a kernel narrower than a cell then sees
+    how the tails fall across it (β = 1000: a decade per cell; docs/numerics.md#near-field-in-the-tails);
     velocity_tolerance: 0 (exact at every stage) or ε > 0 (ExtrapolatedFlux).
     `stage_flux` is what the stepper calls for the edge fluxes of a stage, `atom_velocity` what it
     calls for the atoms' velocities.
     """
 
     def __init__(self, mesh, schedule, atoms=None, summation: str = "auto", tolerance: float = 1e-10,
-                 near_field: bool = True, velocity_tolerance: float = 0.0):
+                 near_field: bool = True, velocity_tolerance: float = 0.0, near_field_profile: str = "constant"):
+        if near_field_profile not in NEAR_FIELD_PROFILES:
+            raise ValueError(f"near_field_profile must be one of {NEAR_FIELD_PROFILES}, got {near_field_profile!r}")
         self.mesh, self.schedule, self.atoms = mesh, schedule, atoms
+        self.near_field_profile = near_field_profile
+        self._slopes_of = None  # the log-density fits of the log-linear profile, built on first use
         self.summation, self.tolerance, self.near_field = summation, tolerance, near_field
         self._field_options = dict(method=summation, tol=tolerance, near_field=near_field)
         self.key = None
@@ -141,11 +152,21 @@ class EulerianVelocity:
             near = None
             if self.near_field and not head.zero_temperature:
                 if table_bytes(self.mesh, head, points) > 0:
-                    near = NearField(self.mesh, head, points)
+                    near = NearField(self.mesh, head, points, slopes=self.log_slopes(f))
             v, _, _ = attention_field(head, sources, masses, points, method=self.summation,
                                       tol=self.tolerance, near=near)
             total = v if total is None else total + v
         return total
+
+    def log_slopes(self, f):
+        """The tangent slopes γ_c of ln f per cell (npix, 3) for the near field at the atoms, or
+        None with the constant profile (cells whose stencil holds an f ≤ 0 get γ_c = 0)."""
+        if self.near_field_profile == "constant":
+            return None
+        if self._slopes_of is None:
+            self._slopes_of = PolynomialInterpolant(self.mesh)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return self._slopes_of.slopes(np.log(np.asarray(f)))
 
     def background_share(self, f):
         """The mesh's share of the softmax weight at each living atom (slot order), the largest
@@ -169,7 +190,7 @@ class EulerianVelocity:
                 return np.full(len(x), np.nan)
             near = None
             if self.near_field and table_bytes(self.mesh, head, x) > 0:
-                near = NearField(self.mesh, head, x)
+                near = NearField(self.mesh, head, x, slopes=self.log_slopes(f))
             log_mesh = np.empty(len(x))
             attention_field(head, sources, masses, x, method=self.summation, tol=self.tolerance, near=near,
                             log_partition=log_mesh)

@@ -27,6 +27,12 @@ Gauss rule when an error model of the rule (or the exponent's spread LEAF_VARIAT
 split in four otherwise. Squares that meet the map's derivative jumps (the lines jr = 1, 3 on the
 pixel diagonals of the rings z = ±2/3, and the poles) get the two-triangle rule, whose split
 follows the sub-square's anti-diagonal; the others the tensor Gauss rule.
+
+In the tails f falls by decades per cell, and f constant per cell puts the weight of a narrow
+kernel in the wrong place. NearField(..., slopes=γ) then takes the log-linear profile
+f_c e^{⟨γ_c, y − y_c⟩}/N_c in each near cell (same cell average): the kernel times the profile is
+the kernel of a + γ_c, so the same adaptive integral serves (_sloped_cell_integral), and the
+table depends on f (docs/numerics.md#near-field-in-the-tails-near_field_profile).
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from numba import njit, prange
 from ..geometry.faces import FACE_LONGITUDE, FACE_RING
 from ..geometry.quadrature import gauss_legendre_01, pixel_rule
 
-__all__ = ["NearField", "near_field_table", "near_rings", "table_bytes", "cell_kernel_integral", "tensor_rule"]
+__all__ = ["NearField", "near_field_table", "near_rings", "table_bytes", "cell_kernel_integral", "tensor_rule",
+           "log_mean_exp_linear"]
 
 GAUSS_ORDER = 10  # points per direction of each triangle's collapsed Gauss rule (200 per square)
 LEAF_VARIATION = 1.0  # |a|·(r·sin θ + r²): the exponent's spread over a leaf sub-square
@@ -52,6 +59,8 @@ WIDTH_RATIO = 1.0  # correct where the kernel is narrower than a cell (|a|h² > 
 COVERAGE = 3.0  # rings reach 3σ from the peak (2σ: div v errors 3× larger, measured)
 MAX_DEPTH = 24  # sub-square size 2⁻²⁴ of a pixel: far below any kernel width in double precision
 STACK = 4 * MAX_DEPTH + 4  # depth-first: at most 3 pending siblings per level
+SLOPE_SPLIT = 4  # N_c of a log-linear profile: 4 × 4 sub-squares of the 10 × 10 Gauss rule
+MAX_SLOPE_SPREAD = 20.0  # |γ|·h ≤ 20: Gauss error of N_c ≤ (2.5)^20/20! ≈ 4e-11 of a sub-square's max
 
 
 @njit(cache=True)
@@ -100,6 +109,45 @@ def _square_extent(face, u0, v0, du, jrll, jpll, centre, work):
             _face_point(face, u0 + 0.5 * du * ka, v0 + 0.5 * du * kb, jrll, jpll, work)
             r = max(r, _angle(centre, work))
     return 1.05 * r
+
+
+@njit(cache=True)
+def _meets_kink(face, u, v, d, jrll):
+    """Whether the face square [u, u+d] × [v, v+d] meets a line jr ∈ {0, 1, 3, 4} (pole, polar/
+    equatorial boundary), where the map's derivative jumps: then the two-triangle rule."""
+    jr_hi = jrll[face] - u - v
+    jr_lo = jr_hi - 2.0 * d
+    for line in (0.0, 1.0, 3.0, 4.0):
+        if jr_lo <= line <= jr_hi:
+            return True
+    return False
+
+
+@njit(cache=True)
+def log_mean_exp_linear(face, u0, v0, du, gamma, centre, ra, rb, rw, ta, tb, tw, jrll, jpll):
+    """ln (1/A)∫_cell e^{⟨γ, y − y_c⟩} dA over the pixel [u0, u0+du] × [v0, v0+du] (y_c = centre):
+    the normalisation of the log-linear reconstruction f_c e^{⟨γ, y − y_c⟩}/N_c, whose cell average
+    is f_c. SLOPE_SPLIT² equal sub-squares, each with the rule of cell_kernel_integral, summed with
+    the largest exponent factored out (no overflow for any |γ|·h)."""
+    n = SLOPE_SPLIT
+    d = du / n
+    y = np.empty(3)
+    top = -np.inf  # the largest exponent met (log-sum-exp)
+    total = 0.0
+    for i in range(n):
+        for j in range(n):
+            u = u0 + d * i
+            v = v0 + d * j
+            qa, qb, qw = (ra, rb, rw) if _meets_kink(face, u, v, d, jrll) else (ta, tb, tw)
+            for k in range(qw.size):
+                _face_point(face, u + d * qa[k], v + d * qb[k], jrll, jpll, y)
+                e = (gamma[0] * (y[0] - centre[0]) + gamma[1] * (y[1] - centre[1])
+                     + gamma[2] * (y[2] - centre[2]))
+                if e > top:
+                    total = total * math.exp(top - e) if total > 0.0 else 0.0
+                    top = e
+                total += qw[k] * math.exp(e - top)
+    return top + math.log(total / (n * n))
 
 
 @njit(cache=True)
@@ -155,13 +203,7 @@ def cell_kernel_integral(face, u0, v0, du, a, ahat, anorm, area, ra, rb, rw, ta,
         weight_scale = area * frac
         # the map is smooth inside the square unless a line jr ∈ {0, 1, 3, 4} (pole, polar/
         # equatorial boundary) meets it: then the two-triangle rule, else the tensor Gauss rule
-        jr_hi = jrll[face] - u - v
-        jr_lo = jr_hi - 2.0 * d
-        kink = False
-        for line in (0.0, 1.0, 3.0, 4.0):
-            if jr_lo <= line <= jr_hi:
-                kink = True
-        qa, qb, qw = (ra, rb, rw) if kink else (ta, tb, tw)
+        qa, qb, qw = (ra, rb, rw) if _meets_kink(face, u, v, d, jrll) else (ta, tb, tw)
         for k in range(qw.size):
             _face_point(face, u + d * qa[k], v + d * qb[k], jrll, jpll, y)
             d0 = y[0] - ahat[0]
@@ -181,12 +223,48 @@ def cell_kernel_integral(face, u0, v0, du, a, ahat, anorm, area, ra, rb, rw, ta,
     return leaves
 
 
+@njit(cache=True)
+def _sloped_cell_integral(face, u0, v0, du, a, ahat, anorm, gamma, centre, area, ra, rb, rw, ta, tb, tw,
+                          jrll, jpll, out):
+    """out[0:10] = ∫_cell e^{⟨a, y − â⟩} φ(y) (1, d, d dᵀ upper triangle) dA, d = y − â, for the
+    log-linear density profile φ(y) = e^{⟨γ, y − y_c⟩}/N_c of cell average 1 (y_c = centre):
+
+        e^{⟨a, y − â⟩ + ⟨γ, y − y_c⟩} = e^{⟨a', y − â'⟩} e^{|a'| − |a| − ⟨γ, y_c⟩},  a' = a + γ,
+
+    i.e. the kernel of a' (cell_kernel_integral, moments about â') shifted to moments about â."""
+    a2 = np.empty(3)
+    ahat2 = np.empty(3)
+    for r in range(3):
+        a2[r] = a[r] + gamma[r]
+    anorm2 = math.sqrt(a2[0] ** 2 + a2[1] ** 2 + a2[2] ** 2)
+    for r in range(3):
+        ahat2[r] = a2[r] / anorm2
+    o = np.zeros(10)
+    cell_kernel_integral(face, u0, v0, du, a2, ahat2, anorm2, area, ra, rb, rw, ta, tb, tw, jrll, jpll, o)
+    log_norm = log_mean_exp_linear(face, u0, v0, du, gamma, centre, ra, rb, rw, ta, tb, tw, jrll, jpll)
+    scale = math.exp(anorm2 - anorm - (gamma[0] * centre[0] + gamma[1] * centre[1] + gamma[2] * centre[2])
+                     - log_norm)
+    s = (ahat2[0] - ahat[0], ahat2[1] - ahat[1], ahat2[2] - ahat[2])  # d = d' + s
+    m1 = (o[1], o[2], o[3])
+    out[0] = scale * o[0]
+    for r in range(3):
+        out[1 + r] = scale * (m1[r] + s[r] * o[0])
+    q = 4
+    for r in range(3):
+        for t in range(r, 3):
+            out[q] = scale * (o[q] + s[r] * m1[t] + m1[r] * s[t] + s[r] * s[t] * o[0])
+            q += 1
+
+
 @njit(cache=True, parallel=True)
 def near_field_table(targets, BT, beta, home, neighbours, rings, face, ix, iy, nside, centroids,
-                     area, ra, rb, rw, ta, tb, tw, jrll, jpll, cells, delta):
+                     area, ra, rb, rw, ta, tb, tw, jrll, jpll, slopes, cells, delta):
     """Fill cells (T, K) (−1 = unused) and delta (T, K, 10) with the near cells of each target
     (the home cell of â and `rings` rings of neighbours around it) and their corrections Δ_c
-    (module docstring). Targets with rings[i] = 0 get no correction."""
+    (module docstring). Targets with rings[i] = 0 get no correction. slopes (npix, 3): the
+    tangent gradient γ_c of ln f in each cell (1/radian); a cell with γ_c ≠ 0 is integrated with
+    the log-linear profile e^{⟨γ_c, y − y_c⟩}/N_c (_sloped_cell_integral), one with γ_c = 0 with
+    f constant."""
     ntarget = targets.shape[0]
     kmax = cells.shape[1]
     for i in prange(ntarget):
@@ -226,8 +304,12 @@ def near_field_table(targets, BT, beta, home, neighbours, rings, face, ix, iy, n
             c = cells[i, k]
             for q in range(10):
                 out[q] = 0.0
-            cell_kernel_integral(face[c], ix[c] / nside, iy[c] / nside, 1.0 / nside, a, ahat, anorm,
-                                 area, ra, rb, rw, ta, tb, tw, jrll, jpll, out)
+            if slopes[c, 0] == 0.0 and slopes[c, 1] == 0.0 and slopes[c, 2] == 0.0:
+                cell_kernel_integral(face[c], ix[c] / nside, iy[c] / nside, 1.0 / nside, a, ahat, anorm,
+                                     area, ra, rb, rw, ta, tb, tw, jrll, jpll, out)
+            else:
+                _sloped_cell_integral(face[c], ix[c] / nside, iy[c] / nside, 1.0 / nside, a, ahat, anorm,
+                                      slopes[c], centroids[c], area, ra, rb, rw, ta, tb, tw, jrll, jpll, out)
             d0 = centroids[c, 0] - ahat[0]
             d1 = centroids[c, 1] - ahat[1]
             d2 = centroids[c, 2] - ahat[2]
@@ -276,9 +358,15 @@ class NearField:
 
     cells (T, K) int64 (−1 = unused), delta (T, K, 10): pass both to attention_field(near=...).
     Memory: T·K·88 bytes (K = 9 for one ring).
+    slopes: None (f constant in each cell), or (npix, 3) tangent gradients γ_c of ln f (1/radian):
+    the near cells then hold the log-linear profile f_c e^{⟨γ_c, y − y_c⟩}/N_c (same cell average),
+    so that a kernel narrower than a cell sees how the density varies across it where it falls by
+    decades per cell (the tails). |γ_c| is capped at MAX_SLOPE_SPREAD/h (h = √A): the profile
+    spans at most e^{±MAX_SLOPE_SPREAD/2} over a cell. The table then depends on f: build it for
+    every density (cost ~ 6·10³ exponentials per sloped near cell per target).
     """
 
-    def __init__(self, mesh, model, targets):
+    def __init__(self, mesh, model, targets, slopes=None):
         targets = np.ascontiguousarray(targets, dtype=float)
         self.npix, self.area = mesh.npix, float(mesh.area)
         a, anorm, ring = _rings_of(mesh, model, targets)
@@ -292,11 +380,17 @@ class NearField:
         home = hp.vec2pix(mesh.nside, safe[:, 0], safe[:, 1], safe[:, 2], nest=True).astype(np.int64)
         ra, rb, rw = pixel_rule(GAUSS_ORDER)
         ta, tb, tw = tensor_rule(GAUSS_ORDER)
+        if slopes is None:
+            slopes = np.zeros((mesh.npix, 3))
+        else:
+            slopes = np.array(slopes, dtype=float).reshape(mesh.npix, 3)
+            size = np.linalg.norm(slopes, axis=1) * math.sqrt(mesh.area)
+            slopes *= (np.minimum(size, MAX_SLOPE_SPREAD) / np.maximum(size, 1e-300))[:, None]
         near_field_table(targets, np.ascontiguousarray(model.B.T), float(model.beta), home,
                          np.ascontiguousarray(mesh.neighbours, dtype=np.int64), ring,
                          np.ascontiguousarray(mesh._face, dtype=np.int64), mesh._ix, mesh._iy,
                          float(mesh.nside), mesh.centroids, float(mesh.area), ra, rb, rw, ta, tb, tw,
-                         FACE_RING.astype(float), FACE_LONGITUDE.astype(float), self.cells, self.delta)
+                         FACE_RING.astype(float), FACE_LONGITUDE.astype(float), slopes, self.cells, self.delta)
 
     @property
     def nbytes(self):

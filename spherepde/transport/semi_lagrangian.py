@@ -110,6 +110,7 @@ class PolynomialInterpolant:
         design[self.stencil < 0] = 0.0
         self.fits = np.ascontiguousarray(np.linalg.pinv(design))  # (npix, terms, width)
         self._order = None  # the cell quadrature of cell_averages_of_exp, built on first use
+        self._vertices = None  # the cell corners of the limited slopes, built on first use
 
     def _monomials_at(self, points, cells):
         """The monomials of the gnomonic coordinates of points (…, 3) in the tangent planes of
@@ -136,6 +137,32 @@ class PolynomialInterpolant:
             inside = np.where(self.stencil >= 0, g[np.maximum(self.stencil, 0)], g[:, None])
             values = np.clip(values, inside.min(axis=1)[:, None], inside.max(axis=1)[:, None])
         return np.exp(values) @ self._qweights
+
+    def slopes(self, values, limited: bool = True):
+        """(npix, 3) tangent gradient at each centroid of the cell's own fit of the centroid values:
+        ∇ĝ(y_c) = ĝ_u e₁ + ĝ_v e₂ (the gnomonic coordinates are arc lengths to first order), in
+        units of values per radian. limited (Barth & Jespersen 1989): scaled by α ∈ [0, 1] so that
+        the linear profile v_c + ⟨∇ĝ, y − y_c⟩ stays at the cell's four vertices within the range
+        of the stencil's values; linear data is left unlimited (each vertex lies between centroids).
+        A stencil with a non-finite value gives a zero slope."""
+        values = np.asarray(values, dtype=float)
+        local = np.where(self.stencil >= 0, values[np.maximum(self.stencil, 0)], values[:, None])
+        coefficients = np.einsum("ckj,cj->ck", self.fits[:, 1:3, :], np.where(self.stencil >= 0, local, 0.0))
+        slopes = coefficients[:, :1] * self.e1 + coefficients[:, 1:2] * self.e2
+        finite = np.isfinite(local).all(axis=1)
+        slopes[~finite] = 0.0
+        if limited:
+            if self._vertices is None:  # (npix, 4, 3) cell corners, computed once
+                corners = hp.boundaries(self.mesh.nside, np.arange(self.mesh.npix), step=1, nest=True)
+                self._vertices = np.ascontiguousarray(np.transpose(corners, (0, 2, 1)))
+            rise = np.einsum("cvk,ck->cv", self._vertices - self.centroids[:, None, :], slopes)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                up = (local.max(axis=1) - values)[:, None] / rise
+                down = (local.min(axis=1) - values)[:, None] / rise
+                alpha = np.where(rise > 0, up, np.where(rise < 0, down, np.inf)).min(axis=1)
+            alpha = np.where(finite, np.clip(alpha, 0.0, 1.0), 0.0)
+            slopes *= alpha[:, None]
+        return slopes
 
     def cells_of(self, points):
         return hp.vec2pix(self.mesh.nside, points[:, 0], points[:, 1], points[:, 2], nest=True).astype(np.int64)

@@ -266,3 +266,55 @@ def test_paths_in_substeps_interpolate_g_once_and_converge_in_time():
         from spherepde.solvers.tails import LogTails
 
         LogTails(mesh, AttentionModel(PAPER_B, PAPER_V, math.inf), substeps=0)
+
+
+class _FixedAtoms:
+    """Stand-in for the solver's Atoms: fixed points and masses."""
+
+    def __init__(self, x, m):
+        self.x, self.m = x, m
+        self.count = len(m)
+
+    def points(self):
+        return self.x, self.m
+
+
+def test_atoms_see_the_tails_across_a_cell_with_the_log_linear_profile():
+    """Atoms of negligible mass in a density falling by 1.7 decades per cell (vMF, κ = 60, nside 16),
+    β = 1000 (kernel width 0.03 rad, half a cell): their velocity is the mesh's softmax mean, known in
+    closed form (B = V = I: v = m − ⟨m, x⟩x, m = L(r) c/r, c = βx + κμ). The log-linear profile of
+    the near cells is ≥ 5× closer to it than f constant per cell."""
+    from spherepde.models.schedule import schedule_of
+    from spherepde.models.initial import VonMisesFisher
+    from spherepde.solvers.velocity import EulerianVelocity
+
+    mesh = HealpixMesh(16)
+    mu, kappa, beta = np.array([0.0, 0.0, 1.0]), 60.0, 1000.0
+    f = VonMisesFisher(mu, kappa).cell_averages(mesh)
+    rng = np.random.default_rng(4)
+    theta, phi = rng.uniform(0.6, 1.6, 40), rng.uniform(0.0, 2.0 * np.pi, 40)
+    x = np.stack([np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi), np.cos(theta)], axis=1)
+    c = beta * x + kappa * mu
+    r = np.linalg.norm(c, axis=1)
+    m = (1.0 / np.tanh(r) - 1.0 / r)[:, None] * c / r[:, None]
+    exact = m - np.sum(m * x, axis=1)[:, None] * x
+    errors = {}
+    for profile in ("constant", "log_linear"):
+        velocity = EulerianVelocity(mesh, schedule_of(AttentionModel(np.eye(3), np.eye(3), beta)),
+                                    atoms=_FixedAtoms(x, np.full(len(x), 1e-200)), near_field_profile=profile)
+        v = velocity.atom_velocity(0.0, f, x)
+        errors[profile] = np.median(np.linalg.norm(v - exact, axis=1))
+        assert np.all(velocity.background_share(f) > 1.0 - 1e-12)  # the atoms weigh nothing
+    assert errors["log_linear"] < errors["constant"] / 5, errors
+    with pytest.raises(ValueError, match="near_field_profile"):
+        EulerianVelocity(mesh, schedule_of(AttentionModel(np.eye(3), np.eye(3), beta)), near_field_profile="linear")
+
+
+def test_config_resolves_the_near_field_profile():
+    base = {"model": {"beta": 1.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
+    assert resolve({**base, "eulerian": {"tails": "log"}})["eulerian"]["near_field_profile"] == "log_linear"
+    assert resolve(base)["eulerian"]["near_field_profile"] == "constant"
+    given = resolve({**base, "eulerian": {"tails": "log", "near_field_profile": "constant"}})
+    assert given["eulerian"]["near_field_profile"] == "constant"
+    with pytest.raises(ConfigError, match=r"\[eulerian\] near_field_profile: must be \"constant\" or \"log_linear\""):
+        resolve({**base, "eulerian": {"near_field_profile": "quadratic"}})

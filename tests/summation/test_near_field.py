@@ -152,3 +152,97 @@ def test_near_field_for_other_targets_is_refused():
     near = NearField(mesh, model, x)
     with pytest.raises(ValueError, match="other targets"):
         attention_field(model, mesh.centroids, np.full(mesh.npix, mesh.area), mesh.centroids[:5], near=near)
+
+
+# ---------------------------------------------------------------- the log-linear profile (the tails)
+def _numpy_profile_integral(mesh, cell, a, gamma, split=32, order=8):
+    """∫_cell e^{⟨a, y − â⟩} e^{⟨γ, y − y_c⟩}/N_c (1, d, d dᵀ) dA by a uniform sub-square rule,
+    N_c the cell average of e^{⟨γ, y − y_c⟩} by the same rule (plain numpy)."""
+    ahat = a / np.linalg.norm(a)
+    yc = mesh.centroids[cell]
+    total, norm = np.zeros(10), 0.0
+    size = 1.0 / split
+    for i in range(split):
+        for j in range(split):
+            pts, w = mesh.square_quadrature(np.array([cell]), i * size, j * size, size, order)
+            d = pts[0] - ahat
+            profile = np.exp((pts[0] - yc) @ gamma) * w * size**2
+            norm += profile.sum()
+            k = np.exp(d @ a) * profile * mesh.area
+            dd = d[:, [0, 0, 0, 1, 1, 2]] * d[:, [0, 1, 2, 1, 2, 2]]
+            total += np.concatenate([[k.sum()], k @ d, k @ dd])
+    return total / norm, math.log(norm)
+
+
+def test_log_linear_profile_integral_matches_numpy():
+    """The sloped cell integral (kernel of a + γ shifted to moments about â, scaled by N_c) and
+    ln N_c against plain sub-square sums, on polar, equatorial and diagonal-crossing cells, for
+    profiles spanning up to e^{±8} over a cell."""
+    from spherepde.summation.near_field import _sloped_cell_integral, log_mean_exp_linear
+
+    mesh = HealpixMesh(8)
+    h = math.sqrt(mesh.area)
+    rng = np.random.default_rng(11)
+    for cell in (0, 300, 383, 500, 767):
+        yc = mesh.centroids[cell]
+        y = yc + 0.3 * h * rng.normal(size=3)
+        a = 800.0 * y / np.linalg.norm(y)
+        for spread in (0.5, 4.0, 16.0):
+            gamma = rng.normal(size=3)
+            gamma -= (gamma @ yc) * yc  # tangent at the centroid, as the slopes are
+            gamma *= spread / (h * np.linalg.norm(gamma))
+            ref, log_norm = _numpy_profile_integral(mesh, cell, a, gamma)
+            args = (int(mesh._face[cell]), mesh._ix[cell] / mesh.nside, mesh._iy[cell] / mesh.nside, 1.0 / mesh.nside)
+            assert log_mean_exp_linear(*args, gamma, yc, *RULE, JRLL, JPLL) == pytest.approx(log_norm, abs=1e-11)
+            ours = np.zeros(10)
+            _sloped_cell_integral(*args, a, a / 800.0, 800.0, gamma, yc, mesh.area, *RULE, JRLL, JPLL, ours)
+            np.testing.assert_allclose(ours, ref, rtol=1e-8, atol=1e-11 * abs(ref[0]))
+
+
+def _vmf_exact(x, beta, kappa, mu):
+    """m_β and ln Z(x) = ln ∫ f e^{β⟨x, y⟩} dy for f the vMF(μ, κ) density and B = I: with
+    c = βx + κμ, r = |c|: Z = κ sinh r/(r sinh κ), m_β = L(r) c/r (L the Langevin function)."""
+    c = beta * x + kappa * mu
+    r = np.linalg.norm(c, axis=1)
+    log_z = (math.log(kappa) - kappa - math.log1p(-math.exp(-2.0 * kappa))
+             + r + np.log1p(-np.exp(-2.0 * r)) - np.log(r))
+    return (1.0 / np.tanh(r) - 1.0 / r)[:, None] * c / r[:, None], log_z
+
+
+@pytest.mark.parametrize("beta", [1e3, 1e4])
+def test_log_linear_profile_sees_a_steep_density(beta):
+    """A density falling by 1.7 decades per cell (vMF, κ = 60, nside 16) seen by a kernel narrower
+    than a cell, at targets 35°–135° from its mode: against the closed form, the log-linear profile
+    (slopes of ln f from the cell averages) cuts the error of ln Z (the background's weight against
+    the atoms) from ~1 to ≤ 0.03 and that of m_β by ≥ 5× (measured: ln Z 0.99 → 0.0031 median,
+    m_β 7.5e-4 → 5.2e-5 at β = 1000)."""
+    from spherepde.transport.semi_lagrangian import PolynomialInterpolant
+
+    mesh = HealpixMesh(16)
+    mu, kappa = np.array([0.0, 0.0, 1.0]), 60.0
+    f = VonMisesFisher(mu, kappa).cell_averages(mesh)
+    rng = np.random.default_rng(1)
+    theta, phi = rng.uniform(0.6, 2.4, 150), rng.uniform(0.0, 2.0 * np.pi, 150)
+    x = np.stack([np.sin(theta) * np.cos(phi), np.sin(theta) * np.sin(phi), np.cos(theta)], axis=1)
+    model = AttentionModel(np.eye(3), np.eye(3), beta)
+    m_exact, log_z_exact = _vmf_exact(x, beta, kappa, mu)
+    slopes = PolynomialInterpolant(mesh).slopes(np.log(f))
+    err = {}
+    for name, near in (("constant", NearField(mesh, model, x)), ("log_linear", NearField(mesh, model, x, slopes))):
+        log_z = np.empty(len(x))
+        _, _, m = attention_field(model, mesh.centroids, f * mesh.area, x, method="direct", near=near,
+                                  log_partition=log_z)
+        err[name] = (np.median(np.linalg.norm(m - m_exact, axis=1)), np.median(np.abs(log_z - log_z_exact)))
+    assert err["constant"][1] > 0.1  # the constant profile is wrong: the test can tell
+    assert err["log_linear"][1] < 0.03
+    assert err["log_linear"][0] < err["constant"][0] / 5
+
+
+def test_zero_slopes_are_the_constant_profile():
+    """slopes = 0 everywhere gives the constant table bit for bit."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(np.eye(3), np.eye(3), 3000.0)
+    x = mesh.centroids[::40]
+    plain, zero = NearField(mesh, model, x), NearField(mesh, model, x, np.zeros((mesh.npix, 3)))
+    assert plain.active > 0
+    np.testing.assert_array_equal(plain.delta, zero.delta)
