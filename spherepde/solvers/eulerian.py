@@ -83,7 +83,8 @@ class EulerianSolver:
     summation ("auto" | "direct" | "tree") and tolerance: the attention sums (attention_field);
     near_field: exact kernel integrals over the cells around the peak (AttentionField);
     near_field_profile: "constant" | "log_linear", the density inside the near cells of the sums at
-    the atoms (EulerianVelocity).
+    the atoms (EulerianVelocity); None: "log_linear" with tails (their slopes are accurate),
+    else "constant".
     velocity_tolerance: 0 (exact velocity at every stage) or ε > 0, the relative error allowed
     to the edge fluxes extrapolated between exact evaluations (self.velocity, EulerianVelocity).
     atoms: None (density only) or a dict of Atoms options (capacity, width, min_mass, merge):
@@ -98,7 +99,7 @@ class EulerianSolver:
     def __init__(self, mesh, model, scheme: str = "muscl", cfl: float = 0.5, rk_order: int = 2,
                  guards: Guards | None = None, summation: str = "auto", tolerance: float = DEFAULT_TOL,
                  near_field: bool = True, velocity_tolerance: float = 0.0, atoms: dict | None = None,
-                 noise=None, tails: dict | None = None, near_field_profile: str = "constant"):
+                 noise=None, tails: dict | None = None, near_field_profile: str | None = None):
         self.schedule = schedule_of(model)  # the one conversion (spherepde.models.schedule)
         for head in self.schedule.heads or ():
             check_model(head.B, head.V, head.beta)
@@ -118,6 +119,8 @@ class EulerianSolver:
         self.courant_limit = max(cfl, self.operator.positivity_courant)
         self.switches = 0
         self.atoms = None if atoms is None else Atoms(mesh, **atoms)
+        if near_field_profile is None:
+            near_field_profile = "constant" if tails is None else "log_linear"
         self.velocity = EulerianVelocity(mesh, self.schedule, self.atoms, summation=summation, tolerance=tolerance,
                                          near_field=near_field, velocity_tolerance=velocity_tolerance,
                                          near_field_profile=near_field_profile)

@@ -428,6 +428,16 @@ HYBRID_VARIANTS = {
     "tails from log f, coupling every 0.2 (saves every 0.2)": {"interval": 0.2, "save_every": 0.2},
     "tails from log f, coupling every 0.4 (saves every 0.4)": {"interval": 0.4, "save_every": 0.4},
     RUN_FILE_VARIANT: {"interval": 0.2, "save_every": 0.2, "from_run": True},
+    # where the kernel is narrower than a cell (β = 1000 at nside ≤ 32): f constant in the near cells
+    # at the atoms, as before the log-linear profile (docs/numerics.md#near-field-in-the-tails-near_field_profile)
+    "tails from log f, coupling every 0.2 (saves every 0.2), f constant in the near cells":
+        {"interval": 0.2, "save_every": 0.2, "near_field_profile": "constant"},
+    # the cells around an atom left to the finite volumes: 3 cell sizes by default, so a finer mesh
+    # also narrows them in radians; these separate that from the mesh's own error
+    "tails from log f, coupling every 0.2 (saves every 0.2), exclusion 1.5 cells":
+        {"interval": 0.2, "save_every": 0.2, "exclusion": 1.5},
+    "tails from log f, coupling every 0.2 (saves every 0.2), exclusion 6 cells":
+        {"interval": 0.2, "save_every": 0.2, "exclusion": 6.0},
     "tails from log f, coupling every 0.2 (saves every 0.2), paths in 4 steps":
         {"interval": 0.2, "save_every": 0.2, "substeps": 4},
     "tails from log f, coupling every 0.2 (saves every 0.2), level relative to the atoms too":
@@ -448,14 +458,17 @@ HYBRID_LAWS = {"projected normal": (PROJECTED_NORMAL, ""), "von Mises–Fisher":
 LAW_KINDS = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}  # [initial] kind → HYBRID_LAWS
 
 
-def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None, law=None):
+def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=None, law=None,
+                  near_field_profile=None):
     """The paper's matrices at β from the projected-normal law of solvers/paper_beta.toml
     (velocity_tolerance 1e-3, atoms), with the tails of spherepde.solvers.tails (options, or None:
-    the finite volumes alone; law: another initial law): per save time t, alignment with E and F, the largest background
+    the finite volumes alone; law: another initial law; near_field_profile: the solver's, None for
+    its default): per save time t, alignment with E and F, the largest background
     share at an atom, x₂ of the heaviest atom, min f, the tail cells; and the wall time."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, beta)
-    solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={}, tails=tails)
+    profile = {} if near_field_profile is None else {"near_field_profile": near_field_profile}
+    solver = EulerianSolver(mesh, model, velocity_tolerance=1e-3, atoms={}, tails=tails, **profile)
     times = [round(k * save_every, 12) for k in range(int(round(t_end / save_every)) + 1)]
     start, rows = time.perf_counter(), []
     law = PROJECTED_NORMAL if law is None else law
@@ -522,13 +535,14 @@ def import_runs(runs, cache):
 
 
 def hybrid_options(options):
-    """(tails options, save interval) of a HYBRID_VARIANTS entry: "save_every" (default 0.1) is the
-    run's, since the save times bound the coupling interval."""
+    """(tails options, save interval, near-field profile) of a HYBRID_VARIANTS entry: "save_every"
+    (default 0.1) is the run's, since the save times bound the coupling interval;
+    "near_field_profile" the solver's (default: the solver's, log-linear with tails)."""
     if options is None:
-        return None, 0.1
+        return None, 0.1, None
     options = dict(options)
     options.pop("from_run", None)
-    return options, options.pop("save_every", 0.1)
+    return options, options.pop("save_every", 0.1), options.pop("near_field_profile", None)
 
 
 def hybrid_key(cache, n, beta, name, law="projected normal"):
@@ -579,8 +593,9 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                       or (options or {}).get("from_run")):
                     continue
                 else:
-                    tails, save_every = hybrid_options(options)
-                    result = hybrid_series(n, beta, tails, t_end=t_end, save_every=save_every, say=say, law=law)
+                    tails, save_every, profile = hybrid_options(options)
+                    result = hybrid_series(n, beta, tails, t_end=t_end, save_every=save_every, say=say, law=law,
+                                           near_field_profile=profile)
                     key.write_text(json.dumps(result))
                 s = hybrid_summary(result["rows"])
                 fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
