@@ -523,7 +523,7 @@ def import_runs(runs, cache):
     from ..storage.runfile import open_run
 
     done = []
-    for path in sorted(Path(runs).glob("*.nc")):
+    for path in sorted(Path(runs).glob("*-[0-9][0-9][0-9][0-9].nc")):  # run ids <sweep>-<index:04d>, not the combined file
         if Path(f"{path}.lock").exists():  # a run is writing it
             continue
         with open_run(path) as ds:
@@ -631,7 +631,11 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "apart as that allows whatever the saves), every 0.2 and 0.4 with saves as far apart (F-onset and the "
         "time at |x₂| = ½ then resolved to the save interval; also with the level relative to the largest of "
         "the mesh's f and every atom's mass per cell area, `reference = \"measure\"`; and with g's paths in 4 RK4 steps "
-        "through the states after every step, g still interpolated once, `substeps = 4`), and every 0.1, 0.05, 0.025; with couplings "
+        "through the states after every step, g still interpolated once, `substeps = 4`; with the atoms' "
+        "neighbourhoods left to the finite volumes 1.5 or 6 cells wide instead of 3, `tail_exclusion`; with the "
+        "velocity extrapolated at 1e-4 instead of 1e-3; with f constant in the near cells of the sums at the atoms, "
+        "`near_field_profile = \"constant\"`, where the default log-linear profile acts, β = 1000 at nside ≤ 32), "
+        "and every 0.1, 0.05, 0.025; with couplings "
         "every 0.1, the tail cells left to the finite volumes between couplings (`tail_follow = false`), and "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
         "not followed); \"spherepde run\": the default coupling from a run file of "

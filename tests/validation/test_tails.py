@@ -97,8 +97,9 @@ kind = "projected_normal"
 mean = [0.3, 0.2, 0.1]
 cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
 """)
-    assert main(["run", str(cfg), "-o", str(tmp_path / "run.nc")]) == 0
-    from_file = tails.hybrid_series_of_run(tmp_path / "run.nc")["rows"]
+    run = tmp_path / "tails-0000.nc"  # a sweep's run id
+    assert main(["run", str(cfg), "-o", str(run)]) == 0
+    from_file = tails.hybrid_series_of_run(run)["rows"]
     direct = tails.hybrid_series(8, 30.0, {"interval": 0.2}, t_end=3.0, save_every=0.2)["rows"]
     assert [r["t"] for r in from_file] == pytest.approx([r["t"] for r in direct], abs=1e-12)
     for a, b in zip(from_file, direct):
@@ -107,6 +108,7 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     assert any(r["tail_cells"] > 0 for r in direct)
     cache = tmp_path / "cache"
     cache.mkdir()
-    assert tails.import_runs(tmp_path, cache) == [tmp_path / "run.nc"]  # kept once, as the run file's variant
+    (tmp_path / "tails.nc").write_bytes(b"the sweep's combined file: not a run file")
+    assert tails.import_runs(tmp_path, cache) == [run]  # kept once, as the run file's variant
     kept = tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_VARIANT, "projected normal")
     assert kept.is_file() and tails.import_runs(tmp_path, cache) == []
