@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import math
 
+import healpy as hp
 import numpy as np
 
 from ..summation import NearField, attention_field, mesh_sources, table_bytes
+from ..summation.near_field import MAX_RINGS
 from ..summation.field import NEAR_FIELD_MAX_BYTES
 from ..summation.heads import HeadsField, heads_field
 from ..summation.kernels import unnormalise
@@ -152,21 +154,26 @@ class EulerianVelocity:
             near = None
             if self.near_field and not head.zero_temperature:
                 if table_bytes(self.mesh, head, points) > 0:
-                    near = NearField(self.mesh, head, points, slopes=self.log_slopes(f))
+                    near = NearField(self.mesh, head, points, slopes=self.log_slopes(f, head, points))
             v, _, _ = attention_field(head, sources, masses, points, method=self.summation,
                                       tol=self.tolerance, near=near)
             total = v if total is None else total + v
         return total
 
-    def log_slopes(self, f):
-        """The tangent slopes γ_c of ln f per cell (npix, 3) for the near field at the atoms, or
-        None with the constant profile (cells whose stencil holds an f ≤ 0 get γ_c = 0)."""
+    def log_slopes(self, f, head, points):
+        """The tangent slopes γ_c of ln f (npix, 3) in the cells that the near field of head at
+        points can reach (the others 0), or None with the constant profile (cells whose stencil
+        holds an f ≤ 0 get γ_c = 0)."""
         if self.near_field_profile == "constant":
             return None
         if self._slopes_of is None:
             self._slopes_of = PolynomialInterpolant(self.mesh)
+        peaks = points @ head.B  # rows (Bᵀx)ᵀ: the kernels' peaks, up to their norms
+        reach = (MAX_RINGS + 1.5) * math.sqrt(self.mesh.area)  # MAX_RINGS rings around the home cell
+        cells = np.unique(np.concatenate([hp.query_disc(self.mesh.nside, p, reach, inclusive=True, nest=True)
+                                          for p in peaks / np.linalg.norm(peaks, axis=1, keepdims=True)]))
         with np.errstate(divide="ignore", invalid="ignore"):
-            return self._slopes_of.slopes(np.log(np.asarray(f)))
+            return self._slopes_of.slopes(np.log(np.asarray(f)), cells=cells)
 
     def background_share(self, f):
         """The mesh's share of the softmax weight at each living atom (slot order), the largest
@@ -190,7 +197,7 @@ class EulerianVelocity:
                 return np.full(len(x), np.nan)
             near = None
             if self.near_field and table_bytes(self.mesh, head, x) > 0:
-                near = NearField(self.mesh, head, x, slopes=self.log_slopes(f))
+                near = NearField(self.mesh, head, x, slopes=self.log_slopes(f, head, x))
             log_mesh = np.empty(len(x))
             attention_field(head, sources, masses, x, method=self.summation, tol=self.tolerance, near=near,
                             log_partition=log_mesh)

@@ -138,31 +138,38 @@ class PolynomialInterpolant:
             values = np.clip(values, inside.min(axis=1)[:, None], inside.max(axis=1)[:, None])
         return np.exp(values) @ self._qweights
 
-    def slopes(self, values, limited: bool = True):
+    def slopes(self, values, limited: bool = True, cells=None):
         """(npix, 3) tangent gradient at each centroid of the cell's own fit of the centroid values:
         ∇ĝ(y_c) = ĝ_u e₁ + ĝ_v e₂ (the gnomonic coordinates are arc lengths to first order), in
         units of values per radian. limited (Barth & Jespersen 1989): scaled by α ∈ [0, 1] so that
         the linear profile v_c + ⟨∇ĝ, y − y_c⟩ stays at the cell's four vertices within the range
         of the stencil's values; linear data is left unlimited (each vertex lies between centroids).
-        A stencil with a non-finite value gives a zero slope."""
+        A stencil with a non-finite value gives a zero slope. cells: compute these rows only (the
+        others are 0)."""
         values = np.asarray(values, dtype=float)
-        local = np.where(self.stencil >= 0, values[np.maximum(self.stencil, 0)], values[:, None])
-        coefficients = np.einsum("ckj,cj->ck", self.fits[:, 1:3, :], np.where(self.stencil >= 0, local, 0.0))
-        slopes = coefficients[:, :1] * self.e1 + coefficients[:, 1:2] * self.e2
+        rows = np.arange(self.mesh.npix) if cells is None else np.asarray(cells, dtype=np.int64)
+        stencil = self.stencil[rows]
+        local = np.where(stencil >= 0, values[np.maximum(stencil, 0)], values[rows, None])
+        coefficients = np.einsum("ckj,cj->ck", self.fits[rows, 1:3, :], np.where(stencil >= 0, local, 0.0))
+        slopes = coefficients[:, :1] * self.e1[rows] + coefficients[:, 1:2] * self.e2[rows]
         finite = np.isfinite(local).all(axis=1)
         slopes[~finite] = 0.0
         if limited:
             if self._vertices is None:  # (npix, 4, 3) cell corners, computed once
                 corners = hp.boundaries(self.mesh.nside, np.arange(self.mesh.npix), step=1, nest=True)
                 self._vertices = np.ascontiguousarray(np.transpose(corners, (0, 2, 1)))
-            rise = np.einsum("cvk,ck->cv", self._vertices - self.centroids[:, None, :], slopes)
+            rise = np.einsum("cvk,ck->cv", self._vertices[rows] - self.centroids[rows, None, :], slopes)
             with np.errstate(invalid="ignore", divide="ignore"):
-                up = (local.max(axis=1) - values)[:, None] / rise
-                down = (local.min(axis=1) - values)[:, None] / rise
+                up = (local.max(axis=1) - values[rows])[:, None] / rise
+                down = (local.min(axis=1) - values[rows])[:, None] / rise
                 alpha = np.where(rise > 0, up, np.where(rise < 0, down, np.inf)).min(axis=1)
             alpha = np.where(finite, np.clip(alpha, 0.0, 1.0), 0.0)
             slopes *= alpha[:, None]
-        return slopes
+        if cells is None:
+            return slopes
+        out = np.zeros((self.mesh.npix, 3))
+        out[rows] = slopes
+        return out
 
     def cells_of(self, points):
         return hp.vec2pix(self.mesh.nside, points[:, 0], points[:, 1], points[:, 2], nest=True).astype(np.int64)

@@ -287,6 +287,7 @@ def test_atoms_see_the_tails_across_a_cell_with_the_log_linear_profile():
     from spherepde.models.schedule import schedule_of
     from spherepde.models.initial import VonMisesFisher
     from spherepde.solvers.velocity import EulerianVelocity
+    from spherepde.summation import NearField
 
     mesh = HealpixMesh(16)
     mu, kappa, beta = np.array([0.0, 0.0, 1.0]), 60.0, 1000.0
@@ -306,6 +307,11 @@ def test_atoms_see_the_tails_across_a_cell_with_the_log_linear_profile():
         errors[profile] = np.median(np.linalg.norm(v - exact, axis=1))
         assert np.all(velocity.background_share(f) > 1.0 - 1e-12)  # the atoms weigh nothing
     assert errors["log_linear"] < errors["constant"] / 5, errors
+    # the slopes are computed in the cells the near field can reach only: the same table as with all
+    head = velocity.heads[0]
+    full = PolynomialInterpolant(mesh).slopes(np.log(f))
+    np.testing.assert_array_equal(NearField(mesh, head, x, full).delta,
+                                  NearField(mesh, head, x, velocity.log_slopes(f, head, x)).delta)
     with pytest.raises(ValueError, match="near_field_profile"):
         EulerianVelocity(mesh, schedule_of(AttentionModel(np.eye(3), np.eye(3), beta)), near_field_profile="linear")
 
