@@ -103,6 +103,7 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
+from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
 __all__ = ["ConfigError", "DEFAULTS", "load", "parse_override", "apply_overrides", "resolve", "difference"]
@@ -927,7 +928,6 @@ ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_fee
              "atom_join", "atom_cut", "near_field_profile")  # the profile acts at the atoms only
 ATOM_CUTS = ("floor", "tail")
 TAIL_KINDS = ("finite_volume", "log")
-NEAR_FIELD_PROFILES = ("constant", "log_linear")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 

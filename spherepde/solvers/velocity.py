@@ -50,7 +50,7 @@ class EulerianVelocity:
     near_field_profile: the density inside a near cell of the sums at the atoms (atom_velocity,
     background_share): "constant" (f_c) or "log_linear" (f_c e^{⟨γ_c, y − y_c⟩}/N_c, γ_c the
     limited slope of ln f, PolynomialInterpolant.slopes): a kernel narrower than a cell then sees
-    how the tails fall across it (β = 1000: a decade per cell; docs/numerics.md#near-field-in-the-tails);
+    how the tails fall across it (β = 1000: a decade per cell; docs/numerics.md#near-field-in-the-tails-near_field_profile);
     velocity_tolerance: 0 (exact at every stage) or ε > 0 (ExtrapolatedFlux).
     `stage_flux` is what the stepper calls for the edge fluxes of a stage, `atom_velocity` what it
     calls for the atoms' velocities.
