@@ -112,3 +112,23 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     assert tails.import_runs(tmp_path, cache) == [run]  # kept once, as the run file's variant
     kept = tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_VARIANT, "projected normal")
     assert kept.is_file() and tails.import_runs(tmp_path, cache) == []
+
+
+def test_hybrid_variants_hand_their_solver_options_to_the_solver():
+    """A variant's solver settings (near-field profile, velocity tolerance, atom options) go to the
+    EulerianSolver, the rest to LogTails; every variant's tails options are LogTails arguments."""
+    import inspect
+
+    from spherepde.solvers.tails import LogTails
+
+    accepted = set(inspect.signature(LogTails).parameters)
+    for name, options in tails.HYBRID_VARIANTS.items():
+        tails_options, save_every, solver = tails.hybrid_options(options)
+        assert save_every > 0 and set(solver) <= set(tails.SOLVER_OPTIONS)
+        assert tails_options is None or set(tails_options) <= accepted, name
+    _, _, solver = tails.hybrid_options(tails.HYBRID_VARIANTS[
+        "tails from log f, coupling every 0.2 (saves every 0.2), f constant in the near cells"])
+    assert solver == {"near_field_profile": "constant"}
+    _, _, solver = tails.hybrid_options(tails.HYBRID_VARIANTS[
+        "tails from log f, coupling every 0.2 (saves every 0.2), atoms from 1e-6"])
+    assert solver == {"atoms": {"min_mass": 1e-6}}
