@@ -1,0 +1,117 @@
+"""The paper's question in the mean field with the tails, from run files: per β, initial law and
+mesh, the F-onset, the max alignment with E and the bottom of the W₂ U-curve (spherepde.analysis.
+metrics), with the differences between successive meshes and their observed order
+p = log₂(|d_coarse| / |d_fine|).
+
+The run files are those of `spherepde sweep` with `[eulerian] tails = "log"`
+(solvers/sweeps/tails_paper.toml, tails_convergence.toml, tails_beta1000.toml): complete files
+only, grouped by β, `[initial] kind` and nside; where two files give the same group the one that
+runs longer is kept. Writes validation/reports/tails/paper.md:
+
+    python -m spherepde.validation.tails_paper --runs results/tails_paper results/tails_convergence \
+        results/tails_beta1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+from ..analysis.metrics import f_phase_onset, max_alignment, u_curve_minimum
+from ..storage.runfile import open_run
+from .common import REPO, beta_text
+
+__all__ = ["paper_metrics", "collect_runs", "differences", "paper_report"]
+
+LAW_NAMES = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}  # [initial] kind → row label
+
+
+def paper_metrics(ds):
+    """{"onset", "max_E", "t_max_E", "w2_min", "t_w2_min", "t_end"} of a run Dataset."""
+    e, t_e = max_alignment(ds)
+    w, t_w = u_curve_minimum(ds)
+    return {"onset": f_phase_onset(ds), "max_E": e, "t_max_E": t_e, "w2_min": w, "t_w2_min": t_w,
+            "t_end": float(ds["time"].values[-1])}
+
+
+def collect_runs(folders):
+    """{(β, law kind, nside): metrics} of the complete run files with tails from log f in the
+    folders (a sweep's run ids <name>-<index:04d>.nc; a file being written, with its .lock, is
+    skipped); the longer run where two give the same key."""
+    found = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*-[0-9][0-9][0-9][0-9].nc")):
+            if Path(f"{path}.lock").exists():
+                continue
+            with open_run(path) as ds:
+                if int(ds.attrs.get("complete", 0)) != 1 or ds.attrs.get("tails") != "log":
+                    continue
+                config = json.loads(ds.attrs["config"])
+                metrics = dict(paper_metrics(ds), path=str(path))
+            key = (float(config["model"]["beta"]), config["initial"]["kind"], int(config["eulerian"]["nside"]))
+            if key not in found or metrics["t_end"] > found[key]["t_end"]:
+                found[key] = metrics
+    return found
+
+
+def differences(values):
+    """Successive differences d_k = v_{k+1} − v_k of a sequence (NaN where either is NaN) and the
+    observed orders log₂(|d_k| / |d_{k+1}|) of mesh halvings (NaN where undefined)."""
+    d = [b - a for a, b in zip(values, values[1:])]
+    orders = [math.log2(abs(a) / abs(b)) if a and b and math.isfinite(a) and math.isfinite(b) else math.nan
+              for a, b in zip(d, d[1:])]
+    return d, orders
+
+
+def _fmt(x, digits=2):
+    return "none" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def paper_report(folders, out=None, say=print):
+    """OUT/paper.md (default validation/reports/tails/): one table per β and law (module docstring)."""
+    out = Path(out) if out else REPO / "validation" / "reports" / "tails"
+    runs = collect_runs(folders)
+    lines = []
+    for beta, kind in sorted({k[:2] for k in runs}):
+        nsides = sorted(n for b, k, n in runs if (b, k) == (beta, kind))
+        rows = [runs[(beta, kind, n)] for n in nsides]
+        t_end = min(r["t_end"] for r in rows)
+        lines += [f"## β = {beta_text(beta)}, {LAW_NAMES.get(kind, kind)}", "",
+                  "| nside | F-onset | max alignment with E (t) | min W₂(ρ_t, Π#ρ₀) (t) | t_end |", "|---|---|---|---|---|"]
+        lines += [f"| {n} | {_fmt(r['onset'])} | {r['max_E']:.4f} ({r['t_max_E']:g}) | {r['w2_min']:.4f} "
+                  f"({r['t_w2_min']:g}) | {r['t_end']:g} |" for n, r in zip(nsides, rows)]
+        for name, digits in (("onset", 2), ("max_E", 4), ("w2_min", 4)):
+            d, p = differences([r[name] for r in rows])
+            if d:
+                lines.append(f"\n{name}: differences {', '.join(_fmt(x, digits) for x in d)}"
+                             + (f"; observed orders {', '.join(_fmt(x, 1) for x in p)}" if p else ""))
+        if any(math.isnan(r["onset"]) for r in rows):
+            lines.append(f"\nnone: no F-onset by the run's end (t ≤ {t_end:g}).")
+        lines.append("")
+    path = out / "paper.md"
+    path.write_text(
+        "# The paper's question in the mean field with the tails from log f\n\n"
+        f"`python -m spherepde.validation.tails_paper --runs {' '.join(map(str, folders))}` "
+        f"({time.strftime('%Y-%m-%d')}). The paper's matrices and the laws of `solvers/paper_beta.toml`, "
+        "`[eulerian] tails = \"log\"` with its defaults (couplings every 0.2, saves every 0.2, log-linear near "
+        "field at the atoms), from the complete run files of the sweeps named. Differences are between "
+        "successive meshes (finer − coarser), orders log₂ of the ratio of successive differences. The metrics "
+        "are those of the paper report (spherepde.analysis.metrics); what they mean for the mean field and the "
+        "finite-n systems: docs/theory.md#tails-at-large-β.\n\n" + "\n".join(lines))
+    say(f"wrote {path} ({len(runs)} runs)")
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", required=True, help="folders of sweep run files")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    paper_report(args.runs, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The mean field's paper metrics from tails run files (spherepde.validation.tails_paper): grouping
+by β, law and mesh, the differences and orders of mesh halvings, and the report."""
+
+import math
+
+import pytest
+
+from spherepde.cli import main
+from spherepde.storage.runfile import open_run
+from spherepde.validation import tails_paper
+
+CONFIG = """
+[model]
+beta = {beta}
+V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
+B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
+
+[initial]
+kind = "vmf"
+mu = [0.57735026918962573, 0.57735026918962573, 0.57735026918962573]
+kappa = 2.0
+
+[eulerian]
+nside = {nside}
+tails = "{tails}"
+
+[time]
+t_end = {t_end}
+save_every = 0.5
+"""
+
+
+def test_differences_and_orders_of_mesh_halvings():
+    d, p = tails_paper.differences([10.0, 11.0, 11.5, 11.75])
+    assert d == pytest.approx([1.0, 0.5, 0.25]) and p == pytest.approx([1.0, 1.0])
+    d, p = tails_paper.differences([10.0, math.nan, 11.0])
+    assert math.isnan(d[0]) and math.isnan(p[0])
+
+
+def test_report_groups_complete_tails_runs_and_keeps_the_longer(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    for name, beta, nside, tails, t_end in (("a-0000", 30.0, 4, "log", 1.0), ("a-0001", 30.0, 8, "log", 1.0),
+                                            ("b-0000", 30.0, 4, "log", 1.5),  # same group, longer: kept
+                                            ("c-0000", 30.0, 8, "finite_volume", 1.0)):  # no tails: skipped
+        cfg = tmp_path / f"{name}.toml"
+        cfg.write_text(CONFIG.format(beta=beta, nside=nside, tails=tails, t_end=t_end))
+        assert main(["run", str(cfg), "-o", str(folder / f"{name}.nc")]) == 0
+    (folder / "a.nc").write_bytes(b"a sweep's combined file")  # not a run id: never read
+    runs = tails_paper.collect_runs([folder])
+    assert sorted(runs) == [(30.0, "vmf", 4), (30.0, "vmf", 8)]
+    assert runs[(30.0, "vmf", 4)]["t_end"] == 1.5
+    with open_run(folder / "a-0001.nc") as ds:
+        assert runs[(30.0, "vmf", 8)]["max_E"] == tails_paper.paper_metrics(ds)["max_E"]
+    path = tails_paper.paper_report([folder], out=tmp_path, say=lambda *_: None)
+    text = path.read_text()
+    assert "## β = 30, von Mises–Fisher" in text and "| 4 |" in text and "| 8 |" in text
+    assert "max_E: differences" in text
