@@ -106,7 +106,11 @@ class LogTails:
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
-                 criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1):
+                 criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
+                 paths: str = "coupling"):
+        if paths not in ("coupling", "start"):
+            raise ValueError(f"paths must be 'coupling' or 'start', got {paths!r}")
+        self.paths = paths
         if reference not in ("mesh", "measure"):
             raise ValueError(f"reference must be 'mesh' or 'measure', got {reference!r}")
         if not (isinstance(substeps, int) and substeps >= 1):
@@ -141,6 +145,9 @@ class LogTails:
         self.g, self.t = g, float(t)
         self._previous = self.field_of(f, atoms)
         self._states = []
+        # paths "start": g is interpolated at t only; every coupling follows its paths back to t
+        # through the states of all couplings since (kept here)
+        self._origin = (float(t), g.copy(), [(float(t), self._previous)])
         self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
         self.rate = self.log_rate(self._previous) if rate is None else np.array(rate, dtype=float)
         self._anchor_at(t, f, atoms)
@@ -165,8 +172,15 @@ class LogTails:
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
         g_before = self.g
-        self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt, self.substeps)
-        self._states = []
+        if self.paths == "start":  # from the start's g, along paths through every state since
+            origin_t, origin_g, history = self._origin
+            times = [s for s, _ in history] + [s for s, _ in self._states] + [float(t)]
+            fields = [fn for _, fn in history] + [fn for _, fn in self._states] + [now]
+            steps = self.substeps * max(1, round((t - origin_t) / dt))
+            self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t, steps)
+        else:
+            self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt, self.substeps)
+        self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
         f_log = self.interpolant.cell_averages_of_exp(g)
@@ -200,6 +214,8 @@ class LogTails:
             bulk = np.zeros(f.shape, dtype=bool)
         g[bulk] = np.log(f[bulk])
         self._previous = self.field_of(f, atoms) if changed else now
+        if self.paths == "start":
+            self._origin[2].extend(self._states_kept + [(float(t), self._previous)])
         self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift}
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand

@@ -446,6 +446,10 @@ HYBRID_VARIANTS = {
     # leave 8e-5 of the mass in the cells beside the atoms at nside 16 from t = 6 on, 8e-7 at nside 64
     "tails from log f, coupling every 0.2 (saves every 0.2), atoms from 1e-6":
         {"interval": 0.2, "save_every": 0.2, "atoms": {"min_mass": 1e-6}},
+    # g interpolated at t = 0 only: every coupling follows its paths back to the start through the
+    # states of all couplings since (LogTails(paths="start"); cost grows with t)
+    "tails from log f, coupling every 0.2 (saves every 0.2), paths from the start":
+        {"interval": 0.2, "save_every": 0.2, "paths": "start"},
     "tails from log f, coupling every 0.2 (saves every 0.2), paths in 4 steps":
         {"interval": 0.2, "save_every": 0.2, "substeps": 4},
     "tails from log f, coupling every 0.2 (saves every 0.2), level relative to the atoms too":
