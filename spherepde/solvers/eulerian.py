@@ -129,7 +129,7 @@ class EulerianSolver:
                                   dt_floor=self.guards.dt_floor,
                                   point_velocity=None if atoms is None else self.velocity.atom_velocity,
                                   diffusion=self.diffusion, noise=self.noise)
-        self.tails = None if tails is None else self._log_tails(tails)
+        self.tails = None if tails is None else self._log_tails({"profile": near_field_profile, **tails})
         self.controller = None
 
     def _log_tails(self, options):

@@ -50,19 +50,30 @@ from __future__ import annotations
 import bisect
 import math
 
+import healpy as hp
 import numpy as np
 
 from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
 from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
 
-__all__ = ["LogTails", "coupling_times", "coupling_schedule", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
+__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
 TAIL_INTERVAL = 0.2
 TAIL_LEVEL = 1e-3  # tail cells: finite-volume average below this × the mesh's largest
 TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep the density
+
+
+def subcells_for(mesh, model) -> int:
+    """Children per cell side for g's paths: 1 where the kernel is at least as wide as a cell
+    (or β = ∞), else the power of two k with h/k ≤ σ = (β σ_max(B))^{-1/2}, h = √A."""
+    if model.zero_temperature:
+        return 1
+    sigma = 1.0 / math.sqrt(model.beta * np.linalg.norm(model.B, 2))
+    h = math.sqrt(mesh.area)
+    return 1 if sigma >= h else 2 ** math.ceil(math.log2(h / sigma))
 
 
 def coupling_times(t0: float, t1: float, interval: float) -> list[float]:
@@ -107,7 +118,7 @@ class LogTails:
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
-                 paths: str = "coupling"):
+                 paths: str = "coupling", profile: str = "constant"):
         if paths not in ("coupling", "start"):
             raise ValueError(f"paths must be 'coupling' or 'start', got {paths!r}")
         self.paths = paths
@@ -121,6 +132,13 @@ class LogTails:
         self.mesh, self.model = mesh, model
         self.interval, self.level, self.exclusion = float(interval), float(level), float(exclusion)
         self.interpolant = PolynomialInterpolant(mesh, limited=limited)
+        # g's paths where the kernel (width σ = (β σ_max(B))^{-1/2}) is narrower than a cell h:
+        # sources at the centres of k × k children, k the power of two with h/k ≤ σ (field_of)
+        self.subcells = subcells_for(mesh, model) if profile == "log_linear" else 1
+        if self.subcells > 1:
+            fine = mesh.nside * self.subcells
+            self._children = np.ascontiguousarray(np.stack(hp.pix2vec(fine, np.arange(mesh.npix * self.subcells**2),
+                                                                       nest=True), axis=1))
         self.reach = self.exclusion * math.sqrt(mesh.area)  # chordal ≈ geodesic at this size
         self.g = None
         self.rate = None  # ∂g/∂t at the centroids that the tail cells follow until the next coupling
@@ -131,8 +149,24 @@ class LogTails:
         self._anchor = None  # (t, cells, values, rates) of the tail cells followed between couplings
 
     def field_of(self, f, atoms):
-        """x ↦ (v(x), div_S v(x)): the attention field of f dA + the atoms, frozen now."""
-        sources, masses = mesh_sources(self.mesh, f, *(atoms.points() if atoms is not None else (None, None)))
+        """x ↦ (v(x), div_S v(x)): the attention field of f dA + the atoms, frozen now. Where the
+        kernel is narrower than a cell (subcells > 1) each cell is SUBCELLS² sources at its
+        children's centres (NESTED nside·k), with the log-linear profile of ln f (PolynomialInterpolant.
+        slopes) and the cell's mass: the cell-centre sums would get div v wrong by 12–25 % there
+        (β = 1000, nside 16; docs/numerics.md#near-field-in-the-tails-near_field_profile)."""
+        x, m = atoms.points() if atoms is not None else (None, None)
+        if self.subcells > 1:
+            k2 = self.subcells**2
+            with np.errstate(divide="ignore", invalid="ignore"):
+                slopes = self.interpolant.slopes(np.log(np.asarray(f)))
+            offsets = self._children.reshape(-1, k2, 3) - self.interpolant.centroids[:, None, :]
+            profile = np.exp(np.einsum("csk,ck->cs", offsets, slopes))
+            profile /= profile.mean(axis=1, keepdims=True)
+            cell_sources = (self._children, (f[:, None] * profile).ravel() * (self.mesh.area / k2))
+            sources = cell_sources[0] if x is None else np.concatenate([cell_sources[0], x])
+            masses = cell_sources[1] if m is None else np.concatenate([cell_sources[1], m])
+        else:
+            sources, masses = mesh_sources(self.mesh, f, x, m)
         model = self.model
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 

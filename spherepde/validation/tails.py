@@ -432,6 +432,9 @@ HYBRID_VARIANTS = {
     # at the atoms, as before the log-linear profile (docs/numerics.md#near-field-in-the-tails-near_field_profile)
     "tails from log f, coupling every 0.2 (saves every 0.2), f constant in the near cells":
         {"interval": 0.2, "save_every": 0.2, "near_field_profile": "constant"},
+    # g's paths in the cell-centre sums, as before the sub-cell sources (LogTails.field_of)
+    "tails from log f, coupling every 0.2 (saves every 0.2), paths of g in cell-centre sums":
+        {"interval": 0.2, "save_every": 0.2, "profile": "constant"},
     # the cells around an atom left to the finite volumes: 3 cell sizes by default, so a finer mesh
     # also narrows them in radians; these separate that from the mesh's own error
     "tails from log f, coupling every 0.2 (saves every 0.2), exclusion 1.5 cells":
