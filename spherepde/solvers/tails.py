@@ -113,7 +113,14 @@ class LogTails:
     place, with the atoms' masses). The last coupling's tail cells, their mass taken from or
     given to the bulk, and the finite volumes' drift from the characteristics over the interval
     (90th percentile over the tail cells of |log₁₀(f / ⟨e^g⟩)| before the substitution) are in
-    `last`, its tail cells (a boolean mask) in `tail`."""
+    `last`, its tail cells (a boolean mask) in `tail`.
+
+    profile: "log_linear" (the solver's default with tails): where the kernel is narrower than a
+    cell, g's paths take each cell as sub-cell sources with the log-linear profile of ln f
+    (field_of); "constant": the cell-centre sums. paths: "coupling" (default): g advanced from
+    the last coupling, interpolated once per coupling; "start": g interpolated at the start only,
+    every coupling's paths followed back through the states of all couplings since (an experiment
+    against the fronts of docs/numerics.md; cost grows as t², and a resumed run restarts there)."""
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
