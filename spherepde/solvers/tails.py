@@ -64,6 +64,7 @@ __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "T
 TAIL_INTERVAL = 0.2
 TAIL_LEVEL = 1e-3  # tail cells: finite-volume average below this × the mesh's largest
 TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep the density
+MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
 def subcells_for(mesh, model) -> int:
@@ -73,7 +74,9 @@ def subcells_for(mesh, model) -> int:
         return 1
     sigma = 1.0 / math.sqrt(model.beta * np.linalg.norm(model.B, 2))
     h = math.sqrt(mesh.area)
-    return 1 if sigma >= h else 2 ** math.ceil(math.log2(h / sigma))
+    # at most MAX_SUBCELLS² sources per cell: memory and sums stay O(npix) (beyond, the spacing
+    # exceeds the kernel width and the sums lose accuracy, not validity)
+    return 1 if sigma >= h else min(2 ** math.ceil(math.log2(h / sigma)), MAX_SUBCELLS)
 
 
 def coupling_times(t0: float, t1: float, interval: float) -> list[float]:

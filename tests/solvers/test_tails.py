@@ -377,3 +377,9 @@ def test_paths_of_g_see_a_kernel_narrower_than_a_cell():
     fine, coarse = np.abs(divs[4] - divs[8]).max(), np.percentile(np.abs(divs[1] - divs[8]), 90)
     assert fine < 0.02 < 0.1 < coarse, (fine, coarse)
     assert LogTails(mesh, model).subcells == 1  # the constant profile keeps the cell-centre sums
+
+
+def test_subcells_are_capped():
+    from spherepde.solvers.tails import MAX_SUBCELLS, subcells_for
+
+    assert subcells_for(HealpixMesh(8), AttentionModel(PAPER_B, PAPER_V, 1e9)) == MAX_SUBCELLS
