@@ -4,22 +4,14 @@ by β, law and mesh, the differences and orders of mesh halvings, and the report
 import math
 
 import pytest
+from run_configs import PAPER_VMF_CONFIG
 
 from spherepde.cli import main
 from spherepde.storage.runfile import open_run
 from spherepde.validation import tails_paper
 
-CONFIG = """
-[model]
-beta = {beta}
-V = [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]
-B = [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]]
-
-[initial]
-kind = "vmf"
-mu = [0.57735026918962573, 0.57735026918962573, 0.57735026918962573]
-kappa = 2.0
-
+# the paper's matrices and a vMF start (tests/run_configs.py) at β = 30, with a mesh, tails and times
+CONFIG = PAPER_VMF_CONFIG.replace("beta = 10.0", "beta = 30.0") + """
 [eulerian]
 nside = {nside}
 tails = "{tails}"
@@ -40,11 +32,11 @@ def test_differences_and_orders_of_mesh_halvings():
 def test_report_groups_complete_tails_runs_and_keeps_the_longer(tmp_path):
     folder = tmp_path / "runs"
     folder.mkdir()
-    for name, beta, nside, tails, t_end in (("a-0000", 30.0, 4, "log", 1.0), ("a-0001", 30.0, 8, "log", 1.0),
-                                            ("b-0000", 30.0, 4, "log", 1.5),  # same group, longer: kept
-                                            ("c-0000", 30.0, 8, "finite_volume", 1.0)):  # no tails: skipped
+    for name, nside, tails, t_end in (("a-0000", 4, "log", 1.0), ("a-0001", 8, "log", 1.0),
+                                      ("b-0000", 4, "log", 1.5),  # same group, longer: kept
+                                      ("c-0000", 8, "finite_volume", 1.0)):  # no tails: skipped
         cfg = tmp_path / f"{name}.toml"
-        cfg.write_text(CONFIG.format(beta=beta, nside=nside, tails=tails, t_end=t_end))
+        cfg.write_text(CONFIG.format(nside=nside, tails=tails, t_end=t_end))
         assert main(["run", str(cfg), "-o", str(folder / f"{name}.nc")]) == 0
     (folder / "a.nc").write_bytes(b"a sweep's combined file")  # not a run id: never read
     runs = tails_paper.collect_runs([folder])
