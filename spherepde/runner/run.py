@@ -160,7 +160,7 @@ def _tail_options(eul):
     if eul["tails"] != "log":
         return None
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
-            "follow": eul["tail_follow"]}
+            "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"]}
 
 
 def run_times(config) -> list[float]:
@@ -328,7 +328,8 @@ class RunSetup:
             self.variables.update(TAIL_META)
             self.arrays.update(TAIL_ARRAYS)
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
-                               "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"])})
+                               "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),
+                               "tail_anchor": eul["tail_anchor"], "tail_path_step": eul["tail_path_step"]})
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles

@@ -30,6 +30,8 @@ from .guards import RunFailure
 from .tails import coupling_schedule
 from .timeline import segments
 
+TAIL_RECORDS = ("tail_cells", "tail_mass_moved", "tail_drift")  # LogTails.last: of the last coupling
+
 __all__ = ["EulerianController", "RunState", "SolverState"]
 
 
@@ -52,6 +54,7 @@ class SolverState:
     heat_products: int = 0  # sparse products of the heat flow so far, with noise
     log_density: np.ndarray | None = None  # g = log f at the centroids, with tails
     log_density_rate: np.ndarray | None = None  # g's rate over the last coupling interval, with tails
+    tail_record: dict | None = None  # the last coupling's TAIL_META records (tail_cells, …), with tails
 
     @classmethod
     def from_record(cls, index, density, record, arrays=None):
@@ -68,7 +71,8 @@ class SolverState:
                    float(record["velocity_interval"]), float(record["velocity_interval_linear"]), atoms,
                    int(record.get("heat_products", 0)),
                    *(None if arrays is None or name not in arrays else np.array(arrays[name], dtype=float)
-                     for name in ("log_density", "log_density_rate")))
+                     for name in ("log_density", "log_density_rate")),
+                   {name: record[name] for name in TAIL_RECORDS if name in record} or None)
 
 
 @dataclass
@@ -143,7 +147,7 @@ class EulerianController:
             else:
                 with np.errstate(divide="ignore"):
                     g = np.log(f) if log_f0 is None else log_f0
-            tails.start(times[start.index], g, f, atoms, rate)
+            tails.start(times[start.index], g, f, atoms, rate, last=start.tail_record if start.index > 0 else None)
         # the stepper counts over its lifetime; report the counts since t = 0
         steps_before = stepper.steps - start.steps
         rejected_before = stepper.rejected - start.rejected
@@ -268,7 +272,8 @@ class EulerianController:
                            "mesh_mass": mesh.integrate(f), "atoms_created": atoms.created_count,
                            "atoms_merged": atoms.merged_count, "atoms_refused": atoms.refused_count})
         if solver.tails is not None:
-            record.update(solver.tails.last, log_density_time=solver.tails.t)
+            record.update(solver.tails.last, log_density_time=solver.tails.t,
+                          log_density_anchor=solver.tails.anchor_time)
         if solver.noise is not None:
             record.update({"noise": solver.noise(t_save), "noise_integral": solver.noise.integral(0.0, t_save),
                            "heat_products": solver.diffusion.products - products_before})

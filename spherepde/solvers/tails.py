@@ -15,10 +15,11 @@ the mass gathers).
 The hybrid state is f (cell averages, finite volumes), the atoms, and g at the cell centroids.
 At every coupling time t₁ (as far apart as `interval` allows, whatever the saves:
 coupling_schedule):
-1. g is advanced from the previous coupling time t₀ in the field of the state, linear in time
-   between the state at t₀ and the state at t₁ (the attention sums of f dA + atoms); with
-   `substeps` > 1, between the states after every step, the paths in that many RK4 steps and g
-   still interpolated once;
+1. g is advanced from the last anchor t_a ≤ t₀ (`anchor` = 1.0 apart: g is interpolated there
+   only, its interpolation errors do not add up at every coupling) along paths in RK4 steps of at
+   most `path_step` = 0.1 through the field of the states at every coupling since, linear in time
+   between them (the attention sums of f dA + atoms); with `substeps` > 1, through the states
+   after every step;
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
    below `level` × the mesh's largest f (criterion "min"; "fv": f alone; reference "measure":
    × the largest of that and every atom's mass per cell area) and its centroid lies farther
@@ -37,12 +38,13 @@ coupling_schedule):
 The conservative scheme thus keeps the bulk and the atoms, and the tails are those of the
 characteristics. A snapshot at a coupling time holds the whole state (f, atoms, g, r); one between
 couplings holds g and r of the last coupling (`log_density_time`), and a run resumed after it
-continues from the last snapshot at a coupling time, so that it repeats the uninterrupted one.
+continues from the last snapshot at an anchor (`log_density_anchor`), so that it repeats the
+uninterrupted one.
 
-Measured (docs/numerics.md#tails-relative-to-f-work-in-progress): on the exact β = ∞ solution of
-the paper's matrices the 90th-percentile relative error of the tail cells at t = 8 falls from
-7·10³ (finite volumes) to 0.08 at nside 16 and from 1.5·10² to 0.0056 at nside 32; at β = 30
-the F-onset is not yet converged in the mesh (validation/reports/tails/hybrid.md).
+Measured (docs/numerics.md#anchors-g-interpolated-every-10): on the exact β = ∞ solution of the
+paper's matrices the 90th-percentile relative error of the tail cells at t = 8 falls from 7·10³
+(finite volumes) to 6·10⁻⁴ at nside 16 and from 1.5·10² to 1.5·10⁻⁴ at nside 32; at β = 30 the
+F-onset is not yet converged in the mesh (validation/reports/tails/hybrid.md).
 """
 
 from __future__ import annotations
@@ -57,13 +59,20 @@ from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
 from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
 
-__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION"]
+__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
+           "TAIL_ANCHOR", "TAIL_PATH_STEP"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
 TAIL_INTERVAL = 0.2
 TAIL_LEVEL = 1e-3  # tail cells: finite-volume average below this × the mesh's largest
 TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep the density
+# time between two interpolations of g (anchor 0: at every coupling, as before the anchors): each
+# interpolation smears g by about h³ × its third derivatives, and those errors add up, so the
+# couplings in between follow their paths back to the last anchor instead, in RK4 steps of at most
+# TAIL_PATH_STEP (docs/numerics.md#anchors-g-interpolated-every-10)
+TAIL_ANCHOR = 1.0
+TAIL_PATH_STEP = 0.1
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -120,18 +129,30 @@ class LogTails:
 
     profile: "log_linear" (the solver's default with tails): where the kernel is narrower than a
     cell, g's paths take each cell as sub-cell sources with the log-linear profile of ln f
-    (field_of); "constant": the cell-centre sums. paths: "coupling" (default): g advanced from
-    the last coupling, interpolated once per coupling; "start": g interpolated at the start only,
-    every coupling's paths followed back through the states of all couplings since (an experiment
-    against the fronts of docs/numerics.md; cost grows as t², and a resumed run restarts there)."""
+    (field_of); "constant": the cell-centre sums. anchor: g is interpolated at the couplings at
+    least this far apart in time only (the anchors; `anchor_time` the last); a coupling in between
+    advances the anchor's g along paths through the states of every coupling since, in RK4 steps
+    of at most path_step (None: `substeps` per coupling interval). anchor 0: g advanced from the
+    last coupling, interpolated at every one (as before the anchors). paths "start": anchor = ∞, g
+    interpolated at the start only (an experiment: cost grows as t², and a resumed run restarts
+    there)."""
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
-                 paths: str = "coupling", profile: str = "constant"):
+                 paths: str = "coupling", profile: str = "constant", anchor: float = TAIL_ANCHOR,
+                 path_step: float | None = TAIL_PATH_STEP):
         if paths not in ("coupling", "start"):
             raise ValueError(f"paths must be 'coupling' or 'start', got {paths!r}")
-        self.paths = paths
+        if not anchor >= 0.0:
+            raise ValueError(f"anchor must be >= 0, got {anchor!r}")
+        if path_step is not None and not path_step > 0.0:
+            raise ValueError(f"path_step must be > 0, got {path_step!r}")
+        # g is interpolated at the anchor times only (as far apart as `anchor` allows: 0 at every
+        # coupling, inf at the start only = paths "start"); a coupling in between follows its paths
+        # back to the last anchor through the states of the couplings since
+        self.anchor = math.inf if paths == "start" else float(anchor)
+        self.path_step = None if path_step is None else float(path_step)
         if reference not in ("mesh", "measure"):
             raise ValueError(f"reference must be 'mesh' or 'measure', got {reference!r}")
         if not (isinstance(substeps, int) and substeps >= 1):
@@ -180,9 +201,11 @@ class LogTails:
         model = self.model
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 
-    def start(self, t, g, f, atoms, rate=None):
+    def start(self, t, g, f, atoms, rate=None, last=None):
         """g (log f at the centroids) at time t, with the state (f, atoms) there; rate: g's rate
-        saved with it (a resumed run), else −v·∇g − div_S v in the field of the state (log_rate)."""
+        saved with it (a resumed run), else −v·∇g − div_S v in the field of the state (log_rate);
+        last: the records of the coupling at t (a resumed run: its snapshots until the next
+        coupling repeat them)."""
         g = np.array(g, dtype=float)
         if g.shape != (self.mesh.npix,) or not np.isfinite(g).all():
             raise ValueError(f"tails need log f at the {self.mesh.npix} centroids, finite (f > 0 everywhere)")
@@ -193,6 +216,9 @@ class LogTails:
         # through the states of all couplings since (kept here)
         self._origin = (float(t), g.copy(), [(float(t), self._previous)])
         self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
+        if last:
+            self.last.update({key: last[key] for key in self.last if key in last})
+            self.last["tail_cells"] = int(self.last["tail_cells"])
         self.rate = self.log_rate(self._previous) if rate is None else np.array(rate, dtype=float)
         self._anchor_at(t, f, atoms)
 
@@ -216,14 +242,14 @@ class LogTails:
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
         g_before = self.g
-        if self.paths == "start":  # from the start's g, along paths through every state since
+        if self._origin[0] < t0:  # from the last anchor's g, along paths through every state since
             origin_t, origin_g, history = self._origin
             times = [s for s, _ in history] + [s for s, _ in self._states] + [float(t)]
             fields = [fn for _, fn in history] + [fn for _, fn in self._states] + [now]
-            steps = self.substeps * max(1, round((t - origin_t) / dt))
-            self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t, steps)
+            self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
+                                             self._path_steps(t - origin_t, dt))
         else:
-            self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt, self.substeps)
+            self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt, self._path_steps(dt, dt))
         self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
@@ -258,12 +284,27 @@ class LogTails:
             bulk = np.zeros(f.shape, dtype=bool)
         g[bulk] = np.log(f[bulk])
         self._previous = self.field_of(f, atoms) if changed else now
-        if self.paths == "start":
+        if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
+            self._origin = (float(t), g.copy(), [(float(t), self._previous)])
+        else:
             self._origin[2].extend(self._states_kept + [(float(t), self._previous)])
         self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift}
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
         return changed
+
+    @property
+    def anchor_time(self) -> float:
+        """The time of the last anchor: g's paths start there (a snapshot at it holds g there, and a
+        run resumes from the last such snapshot)."""
+        return self._origin[0]
+
+    def _path_steps(self, span, dt):
+        """RK4 steps of the paths over `span` back to the anchor: `substeps` per coupling interval
+        dt (path_step None), else at most path_step long (× substeps)."""
+        if self.path_step is None:
+            return self.substeps * max(1, round(span / dt))
+        return self.substeps * max(1, math.ceil(span / self.path_step - 1e-9))
 
     def log_rate(self, field):
         """∂g/∂t = −v·∇g − div_S v at the centroids (1/time), in the frozen field (points → (v,

@@ -697,7 +697,7 @@ class ResumePoint:
 
 def read_resume_point(path) -> ResumePoint:
     """The last snapshot a run can continue from: the end of the prefix of complete, regular
-    snapshots (with tails from log f, the last of them at a coupling time). Raises RunFileError
+    snapshots (with tails from log f, the last of them at an anchor of g). Raises RunFileError
     if there is none or the file is not a readable run file."""
     ds = _load(path)
     if "config" not in ds.attrs:
@@ -708,8 +708,10 @@ def read_resume_point(path) -> ResumePoint:
     if prefix == 0:
         raise RunFileError(f"{path}: cannot resume, no complete snapshot (start again without --resume)")
     index = prefix - 1
-    if "log_density_time" in ds:  # tails: back to the last snapshot at a coupling time (or the start)
-        coupled = np.flatnonzero(ds["log_density_time"].values[:prefix] == ds["time"].values[:prefix])
+    if "log_density_time" in ds:  # tails: back to the last snapshot at an anchor (or the start)
+        # (files before anchors: at a coupling time, where g was interpolated then)
+        key = "log_density_anchor" if "log_density_anchor" in ds else "log_density_time"
+        coupled = np.flatnonzero(ds[key].values[:prefix] == ds["time"].values[:prefix])
         index = int(coupled[-1]) if coupled.size else 0
     try:
         return ResumePoint(path, ds, index)

@@ -131,6 +131,9 @@ TAIL_META = {
                    "finite volumes' drift from the characteristics over one coupling interval", "1"),
     "log_density_time": ("time of the last coupling, at which log_density and log_density_rate hold; a run "
                          "continues from the snapshots where it equals the time", "time"),
+    "log_density_anchor": ("time of the last anchor, at which g was last interpolated and from which the paths "
+                           "of the couplings since start; a run continues from the snapshots where it equals the "
+                           "time", "time"),
 }
 # per-snapshot arrays of the tails (part of the state a resume restores)
 TAIL_ARRAYS = {

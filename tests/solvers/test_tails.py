@@ -19,7 +19,7 @@ from spherepde.models.initial import ProjectedNormal, Uniform
 from spherepde.runner.config import ConfigError, resolve
 from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
-from spherepde.solvers.tails import TAIL_INTERVAL, coupling_schedule, coupling_times
+from spherepde.solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, coupling_schedule, coupling_times
 from spherepde.storage.runfile import open_run
 from spherepde.transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
 from spherepde.validation.tails import exact_cell_averages, zero_temperature_field_of
@@ -157,9 +157,10 @@ def test_g_is_the_characteristics_log_density(zero_temperature):
     field = zero_temperature_field_of(PAPER_V @ PAPER_B.T)
 
     g = np.full(mesh.npix, -math.log(4 * math.pi))
-    steps = round(2.0 / TAIL_INTERVAL)  # to t = 2 in the default couplings
-    for n in range(steps):
-        g = advance_log_density(interpolant, g, field, TAIL_INTERVAL * n, TAIL_INTERVAL)
+    # the default couplings every 0.2 with anchors every 1.0: g interpolated at t = 0 and 1 only,
+    # its paths from there in RK4 steps of 0.1
+    for anchor in (0.0, 1.0):
+        g = advance_log_density(interpolant, g, field, anchor, TAIL_ANCHOR, round(TAIL_ANCHOR / TAIL_PATH_STEP))
     f_fv, f_tails, g_tails, _ = out[2.0]
     far = np.abs(mesh.centroids[:, 0]) < 0.5  # > 60° from ±e₁, where the atoms are
     assert np.max(np.abs(g_tails[far] - g[far])) < 1e-10
@@ -225,6 +226,10 @@ def test_config_refuses_tails_without_atoms_or_with_heads():
     with pytest.raises(ConfigError, match=r"\[eulerian\] tail_interval"):
         resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                  "eulerian": {"tails": "log", "tail_interval": 0.0}, "time": {"t_end": 1.0, "save_every": 0.5}})
+    for key, value in (("tail_anchor", -0.5), ("tail_anchor", 6.0), ("tail_path_step", 0.0), ("tail_path_step", 2.0)):
+        with pytest.raises(ConfigError, match=rf"\[eulerian\] {key}"):
+            resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
+                     "eulerian": {"tails": "log", key: value}, "time": {"t_end": 1.0, "save_every": 0.5}})
     with pytest.raises(ConfigError, match=r"\[eulerian\] tail_follow: must be true or false"):
         resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                  "eulerian": {"tails": "log", "tail_follow": "yes"}, "time": {"t_end": 1.0, "save_every": 0.5}})
@@ -238,10 +243,21 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     ds = open_run(ref)
     assert ds["log_density"].dims == ("time", "cell") and "tail_cells" in ds and ds.attrs["tails"] == "log"
     assert np.all(np.isfinite(ds["log_density"].values))
-    # saves every 0.1, couplings every 0.2: log_density is of the last coupling
+    # saves every 0.1, couplings every 0.2: log_density is of the last coupling; g interpolated
+    # every 1.0 (the default tail_anchor): the paths of the couplings start at the last anchor
     assert ds["log_density_time"].values == pytest.approx(np.floor(ds["time"].values / 0.2 + 1e-9) * 0.2)
-    interrupt_after(cfg, out, 4)  # t = 0 … 0.3: the run continues from t = 0.2, the last coupling
+    assert ds["log_density_anchor"].values == pytest.approx(np.floor(ds["time"].values + 1e-9))
+    interrupt_after(cfg, out, 13)  # t = 0 … 1.2 minus the last: the run continues from the anchor t = 1
     assert main(["run", str(cfg), "-o", str(out), "--resume"]) == 0
+    assert "resumed from snapshot 10 (t = 1)" in open_run(out).attrs["history"]
+    assert run_difference(out, ref) <= ROUND_OFF
+    # g interpolated at every coupling (tail_anchor = 0, the files before anchors): from the last coupling
+    every = tmp_path / "every.toml"
+    every.write_text(TAILS.replace("tail_interval = 0.2", "tail_interval = 0.2\ntail_anchor = 0.0"))
+    ref, out = tmp_path / "ref0.nc", tmp_path / "out0.nc"
+    assert main(["run", str(every), "-o", str(ref)]) == 0
+    interrupt_after(every, out, 4)  # t = 0 … 0.3: the run continues from t = 0.2, the last coupling
+    assert main(["run", str(every), "-o", str(out), "--resume"]) == 0
     assert "resumed from snapshot 2 (t = 0.2)" in open_run(out).attrs["history"]
     assert run_difference(out, ref) <= ROUND_OFF
 
@@ -335,8 +351,8 @@ def test_paths_from_the_start_interpolate_g_once():
     model = AttentionModel(PAPER_B, PAPER_V, np.inf)
     f0 = Uniform().cell_averages(mesh)
     g = {}
-    for paths in ("coupling", "start"):
-        solver = EulerianSolver(mesh, model, atoms={}, tails={"paths": paths})
+    for paths in ("coupling", "start"):  # "coupling" with anchor 0: g interpolated at every coupling
+        solver = EulerianSolver(mesh, model, atoms={}, tails={"paths": paths, "anchor": 0.0, "path_step": None})
         for _, t, f, rec in solver.snapshots(f0, [0.0, 2.0, 4.0]):
             g[paths] = solver.tails.g.copy()
     interpolant = PolynomialInterpolant(mesh)
@@ -349,6 +365,39 @@ def test_paths_from_the_start_interpolate_g_once():
     assert errors["start"] < errors["coupling"] / 2, errors
     with pytest.raises(ValueError, match="paths must be"):
         EulerianSolver(mesh, model, atoms={}, tails={"paths": "end"})
+
+
+def test_anchored_paths_interpolate_g_at_the_anchors_only():
+    """LogTails(anchor=1.0, path_step=0.1) at β = ∞ (the field is the same for every state), couplings
+    every 0.2: g at t = 2 is the semi-Lagrangian transport from t = 1 in one go (10 RK4 steps of 0.1),
+    of g at t = 1 from t = 0 in one go: two interpolations where the default makes ten; it is
+    closer to the exact log density than g interpolated at every coupling (anchor 0); it is the
+    default; the snapshots' anchor times are those of the rule (t − anchor ≥ 1)."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, np.inf)
+    f0 = Uniform().cell_averages(mesh)
+    g, anchors = {}, []
+    for name, options in (("default", {}), ("every", {"anchor": 0.0, "path_step": None}),
+                          ("anchored", {"anchor": 1.0, "path_step": 0.1})):
+        solver = EulerianSolver(mesh, model, atoms={}, tails=options)
+        for _, t, f, rec in solver.snapshots(f0, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0]):
+            g[name] = solver.tails.g.copy()
+            if name == "anchored":
+                anchors.append(solver.tails.anchor_time)
+    assert np.array_equal(g["default"], g["anchored"])
+    assert anchors == pytest.approx([0.0, 0.0, 0.0, 1.0, 1.0, 2.0])
+    interpolant = PolynomialInterpolant(mesh)
+    field = zero_temperature_field_of(PAPER_V @ PAPER_B.T)
+    at_one = advance_log_density(interpolant, np.full(mesh.npix, -math.log(4 * math.pi)), field, 0.0, 1.0, 10)
+    twice = advance_log_density(interpolant, at_one, field, 1.0, 1.0, 10)
+    far = np.abs(mesh.centroids[:, 0]) < 0.5  # > 60° from ±e₁, where the atoms are
+    assert np.max(np.abs(g["anchored"][far] - twice[far])) < 1e-10
+    exact = np.log(zero_temperature_density(model, Uniform(), 2.0)(mesh.centroids))
+    errors = {p: np.percentile(np.abs(g[p][far] - exact[far]), 90) for p in ("every", "anchored")}
+    assert errors["anchored"] < errors["every"] / 2, errors
+    for bad in ({"anchor": -1.0}, {"path_step": 0.0}):
+        with pytest.raises(ValueError, match="anchor|path_step"):
+            EulerianSolver(mesh, model, atoms={}, tails=bad)
 
 
 def test_paths_of_g_see_a_kernel_narrower_than_a_cell():

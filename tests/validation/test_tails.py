@@ -60,6 +60,15 @@ def test_the_semi_lagrangian_prototype_converges_and_beats_the_finite_volumes():
     assert abs(fine[2.0]["min_ratio"] - 1) < 1e-3
 
 
+def test_anchors_cut_the_error_of_the_semi_lagrangian_transport():
+    """Against the exact solution at nside 16, t = 4: g interpolated every 1.0 (paths in steps of
+    0.1) is more than 10× closer in the 90th percentile than g interpolated every 0.2, whose
+    interpolation errors add up (0.036 against 0.0008 measured)."""
+    every, _ = tails.semi_lagrangian_run(16, 0.2, times=(4.0,))
+    anchored, _ = tails.semi_lagrangian_run(16, 0.2, times=(4.0,), anchor=1.0, path_step=0.1)
+    assert anchored[4.0]["p90"] < every[4.0]["p90"] / 10
+
+
 def test_the_coupled_tails_keep_the_mass():
     """The prototype coupling rewrites the tail cells after every interval and scales the bulk
     (cells and atoms): the solver's mass guard (1e-10 relative, every step) stays silent, and the
@@ -100,7 +109,7 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     run = tmp_path / "tails-0000.nc"  # a sweep's run id
     assert main(["run", str(cfg), "-o", str(run)]) == 0
     from_file = tails.hybrid_series_of_run(run)["rows"]
-    direct = tails.hybrid_series(8, 30.0, {"interval": 0.2}, t_end=3.0, save_every=0.2)["rows"]
+    direct = tails.hybrid_series(8, 30.0, {"interval": 0.2, **tails.EVERY_COUPLING}, t_end=3.0, save_every=0.2)["rows"]
     assert [r["t"] for r in from_file] == pytest.approx([r["t"] for r in direct], abs=1e-12)
     for a, b in zip(from_file, direct):
         assert a["min_f"] == pytest.approx(b["min_f"], rel=1e-12) and a["tail_cells"] == b["tail_cells"]
