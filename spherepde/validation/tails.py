@@ -445,6 +445,8 @@ def coupling_report(out, nsides, say=print):
 # the default coupling every 0.2 (saves every 0.2) from a run file of solvers/sweeps/tails_convergence.toml
 # (resumable, for the long runs): imported by import_runs, never started by hybrid_report
 RUN_FILE_VARIANT = "tails from log f, coupling every 0.2 (saves every 0.2), spherepde run"
+# the same with the default anchors, from a run file of solvers/sweeps/tails_anchored.toml
+RUN_FILE_ANCHORED = "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, spherepde run"
 # g interpolated at every coupling (LogTails(anchor=0)), as before the anchors: the variants measured then
 EVERY_COUPLING = {"anchor": 0.0, "path_step": None}
 HYBRID_VARIANTS = {
@@ -453,6 +455,7 @@ HYBRID_VARIANTS = {
     "tails from log f, coupling every 0.2 (saves every 0.2)": {"interval": 0.2, "save_every": 0.2, **EVERY_COUPLING},
     "tails from log f, coupling every 0.4 (saves every 0.4)": {"interval": 0.4, "save_every": 0.4, **EVERY_COUPLING},
     RUN_FILE_VARIANT: {"interval": 0.2, "save_every": 0.2, "from_run": True, **EVERY_COUPLING},
+    RUN_FILE_ANCHORED: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1},
     # where the kernel is narrower than a cell (β = 1000 at nside ≤ 32): f constant in the near cells
     # at the atoms, as before the log-linear profile (docs/numerics.md#near-field-in-the-tails-near_field_profile)
     "tails from log f, coupling every 0.2 (saves every 0.2), f constant in the near cells":
@@ -565,9 +568,10 @@ def hybrid_series_of_run(path):
 
 
 def import_runs(runs, cache):
-    """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml) as
-    the cached JSON of RUN_FILE_VARIANT for its law, nside and β (not replacing one already kept);
-    the paths imported."""
+    """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml,
+    tails_anchored.toml) as the cached JSON of RUN_FILE_VARIANT (g interpolated at every coupling)
+    or RUN_FILE_ANCHORED (`tail_anchor` > 0) for its law, nside and β (not replacing one already
+    kept); the paths imported."""
     from ..storage.runfile import open_run
 
     done = []
@@ -579,7 +583,8 @@ def import_runs(runs, cache):
                 continue
             config = json.loads(ds.attrs["config"])
         law = LAW_KINDS[config["initial"]["kind"]]
-        key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), RUN_FILE_VARIANT, law)
+        variant = RUN_FILE_ANCHORED if config["eulerian"].get("tail_anchor", 0.0) > 0 else RUN_FILE_VARIANT
+        key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), variant, law)
         if not key.exists():
             key.write_text(json.dumps(hybrid_series_of_run(path)))
             done.append(path)

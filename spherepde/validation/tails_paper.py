@@ -96,8 +96,10 @@ def paper_report(folders, out=None, say=print):
         "# The paper's question in the mean field with the tails from log f\n\n"
         f"`python -m spherepde.validation.tails_paper --runs {' '.join(map(str, folders))}` "
         f"({time.strftime('%Y-%m-%d')}). The paper's matrices and the laws of `solvers/paper_beta.toml`, "
-        "`[eulerian] tails = \"log\"` with its defaults (couplings every 0.2, saves every 0.2, log-linear near "
-        "field at the atoms), from the complete run files of the sweeps named. Differences are between "
+        "`[eulerian] tails = \"log\"` as the sweeps set it (couplings every 0.2, saves every 0.2, log-linear near "
+        "field at the atoms where the sweep does not pin \"constant\", g interpolated at every coupling: "
+        "`tail_anchor = 0`, as they were started before the anchors, docs/numerics.md#anchors-g-interpolated-every-10), "
+        "from the complete run files of the sweeps named. Differences are between "
         "successive meshes (finer − coarser), orders log₂ of the ratio of successive differences. The metrics "
         "are those of the paper report (spherepde.analysis.metrics); what they mean for the mean field and the "
         "finite-n systems: docs/theory.md#tails-at-large-β.\n\n" + "\n".join(lines))

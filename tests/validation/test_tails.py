@@ -121,6 +121,14 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     assert tails.import_runs(tmp_path, cache) == [run]  # kept once, as the run file's variant
     kept = tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_VARIANT, "projected normal")
     assert kept.is_file() and tails.import_runs(tmp_path, cache) == []
+    # a run with anchors (tail_anchor > 0: tails_anchored.toml) is kept as the anchored variant
+    anchored = tmp_path / "anchored"
+    anchored.mkdir()
+    cfg.write_text(cfg.read_text().replace("tail_anchor = 0.0", "tail_anchor = 1.0").replace("tail_path_step = 1.0",
+                                                                                             "tail_path_step = 0.1"))
+    assert main(["run", str(cfg), "-o", str(anchored / "tails-0000.nc")]) == 0
+    assert tails.import_runs(anchored, cache) == [anchored / "tails-0000.nc"]
+    assert tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_ANCHORED, "projected normal").is_file()
 
 
 def test_hybrid_variants_hand_their_solver_options_to_the_solver():
