@@ -27,6 +27,7 @@ are reused.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -104,19 +105,23 @@ def weight_share(model, mesh, f, atom_position, atom_mass, away=0.0):
 
 def ensure_run(path, nside, t_end, say=print, tails=False):
     """The β = 30 run of solvers/atoms_base.toml at nside to t_end, snapshots every 0.05 (reused
-    when complete); tails: with `[eulerian] tails = "log"`."""
+    when complete and of the same config); tails: with `[eulerian] tails = "log"` (True: its
+    defaults; a list: those overrides too, e.g. `eulerian.tail_anchor=0.0`)."""
     from ..runner import config as C
     from ..runner.run import execute
     from ..storage.runfile import open_run
 
     over = [f"eulerian.nside={nside}", "model.beta=30.0", f"time.t_end={t_end}", "time.save_every=0.05"]
-    if tails:
+    if tails is not False:
         over.append('eulerian.tails="log"')
+        over += [] if tails is True else list(tails)
     cfg = C.resolve(C.apply_overrides(C.load(REPO / "solvers" / "atoms_base.toml"), over))
     if path.exists():
         ds = open_run(path)
-        if int(ds.attrs.get("complete", 0)) == 1 and float(ds.time[-1]) >= t_end - 1e-9:
+        same = C.difference(json.loads(ds.attrs["config"]), json.loads(json.dumps(cfg)), ignore=()) is None
+        if same and int(ds.attrs.get("complete", 0)) == 1 and float(ds.time[-1]) >= t_end - 1e-9:
             return cfg, ds
+        ds.close()
         path.unlink()
     t0 = time.perf_counter()
     execute(cfg, str(path), progress=False, log=None)
@@ -126,14 +131,18 @@ def ensure_run(path, nside, t_end, say=print, tails=False):
 
 def measure(nside, times, out, say=print, tails=False, label=None):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
-    log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails: of the run with the
+    log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails (False, True or a list of
+    overrides, as ensure_run's): of the run with the
     tails from log f (then every row starts with `label`, the state's name, and ends with the
     90th percentile of |log₁₀(f_mesh / f_char)| over the background cells, farther than AWAY
     from every atom, whose f_char is below 10⁻⁴)."""
     from ..geometry.mesh import HealpixMesh
     from ..runner.build import build_initial_law, build_model
 
-    name = f"background_run_{'tails_' if tails else ''}nside{nside}.nc"
+    # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
+    tag = ("" if tails is False else "tails_anchored_" if tails is True or "eulerian.tail_anchor=0.0" not in tails
+           else "tails_")
+    name = f"background_run_{tag}nside{nside}.nc"
     cfg, ds = ensure_run(out / name, nside, max(times), say, tails)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
@@ -266,7 +275,14 @@ class SavedParticleField:
         return v, div
 
 
-TAIL_STATES = {"finite volumes + atoms": False, "tails from log f": True}
+# state → tails of ensure_run: the finite volumes; the tails with g interpolated at every coupling
+# (as before the anchors); the tails with the default anchors every 1.0
+TAIL_STATES = {"finite volumes + atoms": False,
+               # (no near field at β = 30 on these meshes: "constant" is the runs' setting before the key)
+               "tails from log f, g interpolated at every coupling": ["eulerian.tail_anchor=0.0",
+                                                                      "eulerian.tail_path_step=1.0",
+                                                                      'eulerian.near_field_profile="constant"'],
+               "tails from log f, g interpolated every 1.0 (the default)": []}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
@@ -285,7 +301,8 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
         "of solvers/atoms_base.toml, β = 30, atoms, snapshots every 0.05) with the finite volumes alone and with "
-        "`[eulerian] tails = \"log\"` (its defaults). f_char: the density carried along the backward "
+        "`[eulerian] tails = \"log\"`: g interpolated at every coupling (`tail_anchor = 0`, as before the anchors) "
+        "and at anchors every 1.0 (the default). f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; last column: the 90th percentile of |log₁₀(f_mesh / f_char)| "
