@@ -223,8 +223,10 @@ class LogTails:
         self._anchor_at(t, f, atoms)
 
     def couple(self, t, f, atoms) -> bool:
-        """Advance g from the previous coupling time to t and substitute the tail cells of f (in
-        place; the bulk and the atoms' masses scaled to keep the mass). True when f changed."""
+        """Advance g to t (from the last anchor, along paths through the states of every coupling
+        since) and substitute the tail cells of f (in place; the bulk and the atoms' masses scaled
+        to keep the mass); t becomes an anchor once it is `anchor` past the last. True when f
+        changed."""
         t0, dt = self.t, t - self.t
         if not dt > 0:
             raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
