@@ -325,7 +325,10 @@ class RunSetup:
                                "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"],
                                "near_field_profile": eul["near_field_profile"]})
         if self.solver.tails is not None:
-            self.variables.update(TAIL_META)
+            # with g interpolated at every coupling (tail_anchor = 0) the anchor is the last coupling,
+            # log_density_time: no variable of its own, so the files written before the key resume
+            self.variables.update({k: v for k, v in TAIL_META.items()
+                                   if k != "log_density_anchor" or eul["tail_anchor"] > 0})
             self.arrays.update(TAIL_ARRAYS)
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
                                "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),

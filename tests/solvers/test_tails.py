@@ -256,6 +256,7 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     every.write_text(TAILS.replace("tail_interval = 0.2", "tail_interval = 0.2\ntail_anchor = 0.0"))
     ref, out = tmp_path / "ref0.nc", tmp_path / "out0.nc"
     assert main(["run", str(every), "-o", str(ref)]) == 0
+    assert "log_density_anchor" not in open_run(ref)  # the layout of the files before the key
     interrupt_after(every, out, 4)  # t = 0 … 0.3: the run continues from t = 0.2, the last coupling
     assert main(["run", str(every), "-o", str(out), "--resume"]) == 0
     assert "resumed from snapshot 2 (t = 0.2)" in open_run(out).attrs["history"]
