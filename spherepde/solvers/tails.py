@@ -231,9 +231,11 @@ class LogTails:
         if not dt > 0:
             raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
         now = self.field_of(f, atoms)
-        # the states recorded since t0 (substeps > 1: one per step), then this one
-        times = [t0] + [s for s, _ in self._states] + [float(t)]
-        fields = [self._previous] + [fn for _, fn in self._states] + [now]
+        # the states since the last anchor: at every coupling (the anchor's first), those recorded
+        # since t0 (substeps > 1: one per step), then this one
+        origin_t, origin_g, history = self._origin
+        times = [s for s, _ in history] + [s for s, _ in self._states] + [float(t)]
+        fields = [fn for _, fn in history] + [fn for _, fn in self._states] + [now]
 
         def field(s, x):  # the field linear in time between the recorded states around s
             k = min(max(bisect.bisect_right(times, s) - 1, 0), len(times) - 2)
@@ -244,14 +246,8 @@ class LogTails:
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
         g_before = self.g
-        if self._origin[0] < t0:  # from the last anchor's g, along paths through every state since
-            origin_t, origin_g, history = self._origin
-            times = [s for s, _ in history] + [s for s, _ in self._states] + [float(t)]
-            fields = [fn for _, fn in history] + [fn for _, fn in self._states] + [now]
-            self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
-                                             self._path_steps(t - origin_t, dt))
-        else:
-            self.g = g = advance_log_density(self.interpolant, self.g, field, t0, dt, self._path_steps(dt, dt))
+        self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
+                                         self._path_steps(t - origin_t, dt))
         self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
