@@ -96,6 +96,13 @@ __all__ = ["execute", "build_run", "RunSetup", "run_times"]
 QUADRATURE_ORDER = 2  # 8 points per cell for the diagnostics integrals
 
 
+def tail_records(eul: dict) -> dict:
+    """The scalar records of log-density tails. With g interpolated at every coupling
+    (tail_anchor = 0) the anchor is the last coupling, log_density_time: no variable of its own,
+    so the files written before the key resume."""
+    return {k: v for k, v in TAIL_META.items() if k != "log_density_anchor" or eul["tail_anchor"] > 0}
+
+
 class _CellMeasure:
     """The Eulerian density as a weighted point measure on the cell quadrature points, with the
     singular Lyapunov integrand integrated per cell (lyapunov_cell_averages)."""
@@ -325,10 +332,7 @@ class RunSetup:
                                "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"],
                                "near_field_profile": eul["near_field_profile"]})
         if self.solver.tails is not None:
-            # with g interpolated at every coupling (tail_anchor = 0) the anchor is the last coupling,
-            # log_density_time: no variable of its own, so the files written before the key resume
-            self.variables.update({k: v for k, v in TAIL_META.items()
-                                   if k != "log_density_anchor" or eul["tail_anchor"] > 0})
+            self.variables.update(tail_records(eul))
             self.arrays.update(TAIL_ARRAYS)
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
                                "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),

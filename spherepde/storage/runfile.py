@@ -330,6 +330,15 @@ class RunWriter:
         # files from before the digests get none
         self._covers = digest.getncattr("covers").split() if digest is not None else None
         self.rewritten = digest.getncattr("rewritten").split() if digest is not None else []
+        # a scalar record the file has (and its digests cover) but this layout no longer writes,
+        # e.g. log_density_anchor of a run file written at tail_anchor = 0 before the key left
+        # that layout: it is written on (the run's value, NaN if it has none), so the digests hold
+        for name in self._covers or ():
+            var = self._nc.variables.get(name)
+            if (name not in self.variables and name not in self.arrays and var is not None
+                    and var.dimensions == ("time",) and var.dtype.kind == "f" and name != "time"):
+                self.variables[name] = (var.getncattr("long_name") if "long_name" in var.ncattrs() else name,
+                                        var.getncattr("units") if "units" in var.ncattrs() else "1")
         missing = sorted((set(self.variables) | set(self.arrays)) - set(self._nc.variables))
         if missing:
             self._nc.close()

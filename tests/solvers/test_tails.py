@@ -263,6 +263,27 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     assert run_difference(out, ref) <= ROUND_OFF
 
 
+def test_a_file_with_the_anchor_record_at_tail_anchor_0_resumes(tmp_path, monkeypatch):
+    """Files written at tail_anchor = 0 while the layout still had log_density_anchor (equal to
+    log_density_time there): the resumed run writes the record on, and its digests hold."""
+    from spherepde.runner import run as run_module
+    from spherepde.storage.schema import TAIL_META
+
+    every = tmp_path / "every.toml"
+    every.write_text(TAILS.replace("tail_interval = 0.2", "tail_interval = 0.2\ntail_anchor = 0.0"))
+    ref, out = tmp_path / "ref.nc", tmp_path / "out.nc"
+    with monkeypatch.context() as patch:  # the layout of those files
+        patch.setattr(run_module, "tail_records", lambda eul: dict(TAIL_META))
+        assert main(["run", str(every), "-o", str(ref)]) == 0
+        interrupt_after(every, out, 4)
+    assert "log_density_anchor" in open_run(out)
+    assert main(["run", str(every), "-o", str(out), "--resume"]) == 0
+    ds = open_run(out)
+    assert "resumed from snapshot 2 (t = 0.2)" in ds.attrs["history"]
+    assert np.array_equal(ds["log_density_anchor"].values, ds["log_density_time"].values)
+    assert run_difference(out, ref) <= ROUND_OFF  # open_run verifies the snapshots' digests
+
+
 def test_paths_in_substeps_interpolate_g_once_and_converge_in_time():
     """advance_log_density with substeps: in the exact β = ∞ field (time-independent) the paths
     of 4 substeps of 0.1 land where one step of 0.1 four times would, within RK4's error, while
