@@ -58,7 +58,9 @@ A config has the sections
                    false: the finite volumes move them), tail_anchor (time between two
                    interpolations of g, default 1.0, [0, 5]: a coupling in between follows its
                    paths back to the last one; 0: at every coupling), tail_path_step (longest RK4
-                   step of those paths, default 0.1, (0, 1]), near_field_profile (the density inside a
+                   step of those paths, default 0.1, (0, 1]), tail_paths (how a coupling
+                   between anchors gets its paths: "maps" composes the last coupling's with its
+                   own interval's, "retrace" retraces them to the anchor), near_field_profile (the density inside a
                    near cell of the sums at the atoms, where the kernel is narrower than a cell:
                    "constant" (f_c) | "log_linear" (f_c e^{⟨γ, y − y_c⟩}/N_c, γ the limited slope
                    of ln f); default "log_linear" with tails = "log", else "constant")
@@ -106,7 +108,7 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP
+from ..solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, TAIL_PATHS, TAIL_PATHS_DEFAULT
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -132,7 +134,7 @@ DEFAULTS = {
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "near_field_profile": None},
+                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": TAIL_PATHS_DEFAULT, "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
                   "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
@@ -685,6 +687,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] tail_follow: must be true or false, got {eul['tail_follow']!r}")
     eul["tail_anchor"] = _number("eulerian", "tail_anchor", eul["tail_anchor"], low=0.0, high=5.0)
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
+    if eul["tail_paths"] not in TAIL_PATHS:
+        raise ConfigError(f'[eulerian] tail_paths: must be "retrace" or "maps", got {eul["tail_paths"]!r}')
     if eul["near_field_profile"] is None:  # the tails' slopes are accurate; the finite volumes' are not
         eul["near_field_profile"] = "log_linear" if eul["tails"] == "log" else "constant"
     if eul["near_field_profile"] not in NEAR_FIELD_PROFILES:
@@ -923,6 +927,7 @@ ADDED_KEYS[("eulerian", "tail_follow")] = False  # tail cells following g betwee
 ADDED_KEYS[("eulerian", "near_field_profile")] = "constant"  # and the log-linear profile at the atoms
 # and g interpolated at anchors only: before, at every coupling, its paths in one RK4 step each
 ADDED_KEYS.update({("eulerian", "tail_anchor"): 0.0, ("eulerian", "tail_path_step"): 1.0})
+ADDED_KEYS[("eulerian", "tail_paths")] = "retrace"  # and the composed maps between anchors
 ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # any d and batched systems
                    ("particles", "summation"): "auto"})
 # the GPU backend came later: a file without the key ran on the CPU, as "auto" does without a GPU
@@ -937,7 +942,8 @@ ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_fee
              "atom_join", "atom_cut", "near_field_profile")  # the profile acts at the atoms only
 ATOM_CUTS = ("floor", "tail")
 TAIL_KINDS = ("finite_volume", "log")
-TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step")
+TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
+             "tail_paths")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

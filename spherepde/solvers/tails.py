@@ -57,10 +57,10 @@ import numpy as np
 
 from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
-from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
+from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, trace_back, unit_rows
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
-           "TAIL_ANCHOR", "TAIL_PATH_STEP"]
+           "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -73,6 +73,11 @@ TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep 
 # TAIL_PATH_STEP (docs/numerics.md#anchors-g-interpolated-every-10)
 TAIL_ANCHOR = 1.0
 TAIL_PATH_STEP = 0.1
+# how a coupling between anchors gets its paths back to the anchor: "retrace" them through the
+# states of every coupling since, or "maps": compose this interval's paths with the last
+# coupling's departure points and divergence integral, interpolated (LogTails._composed)
+TAIL_PATHS = ("retrace", "maps")
+TAIL_PATHS_DEFAULT = "retrace"
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -140,10 +145,10 @@ class LogTails:
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
-                 paths: str = "coupling", profile: str = "constant", anchor: float = TAIL_ANCHOR,
+                 paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP):
-        if paths not in ("coupling", "start"):
-            raise ValueError(f"paths must be 'coupling' or 'start', got {paths!r}")
+        if paths not in TAIL_PATHS + ("start",):
+            raise ValueError(f"paths must be 'retrace', 'maps' or 'start', got {paths!r}")
         if not anchor >= 0.0:
             raise ValueError(f"anchor must be >= 0, got {anchor!r}")
         if path_step is not None and not path_step > 0.0:
@@ -152,6 +157,9 @@ class LogTails:
         # coupling, inf at the start only = paths "start"); a coupling in between follows its paths
         # back to the last anchor through the states of the couplings since
         self.anchor = math.inf if paths == "start" else float(anchor)
+        # "maps": the couplings in between compose the anchor's paths instead of retracing them
+        self.maps = paths == "maps"
+        self._map = None  # (departure points at the anchor, ∫ div_S v since) of the centroids now
         self.path_step = None if path_step is None else float(path_step)
         if reference not in ("mesh", "measure"):
             raise ValueError(f"reference must be 'mesh' or 'measure', got {reference!r}")
@@ -215,6 +223,7 @@ class LogTails:
         # paths "start": g is interpolated at t only; every coupling follows its paths back to t
         # through the states of all couplings since (kept here)
         self._origin = (float(t), g.copy(), [(float(t), self._previous)])
+        self._map = None
         self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
         if last:
             self.last.update({key: last[key] for key in self.last if key in last})
@@ -246,8 +255,11 @@ class LogTails:
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
         g_before = self.g
-        self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
-                                         self._path_steps(t - origin_t, dt))
+        if self.maps:
+            self.g = g = self._composed(origin_g, field, t0, dt)
+        else:
+            self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
+                                             self._path_steps(t - origin_t, dt))
         self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
@@ -284,12 +296,30 @@ class LogTails:
         self._previous = self.field_of(f, atoms) if changed else now
         if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
             self._origin = (float(t), g.copy(), [(float(t), self._previous)])
+            self._map = None
+        elif self.maps:  # the paths of the next coupling start here
+            self._origin = (self._origin[0], self._origin[1], [(float(t), self._previous)])
         else:
             self._origin[2].extend(self._states_kept + [(float(t), self._previous)])
         self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift}
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
         return changed
+
+    def _composed(self, origin_g, field, t0, dt):
+        """g at the centroids at t0 + dt by the composed paths ("maps"): the paths of this interval
+        only, back to t0, then the map of the last coupling at their departure points: its
+        departure points at the anchor (each coordinate interpolated, then normalised) and its
+        divergence integral (interpolated), g at the anchor interpolated once at the composed
+        departure points. The maps are smooth where the field is (at β = 30 its width is 0.18 rad),
+        and cost one interval's paths per coupling instead of the retraced span since the anchor."""
+        departure, integral = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt))
+        if self._map is not None:  # t0 is not the anchor: compose with its map
+            feet, integral_before = self._map
+            feet = unit_rows(np.stack([self.interpolant(feet[:, i], departure) for i in range(3)], axis=1))
+            departure, integral = feet, integral + self.interpolant(integral_before, departure)
+        self._map = (departure, integral)
+        return self.interpolant(origin_g, departure) - integral
 
     @property
     def anchor_time(self) -> float:

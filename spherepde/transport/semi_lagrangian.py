@@ -25,7 +25,7 @@ import healpy as hp
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "unit_rows"]
+__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "trace_back", "unit_rows"]
 
 
 @njit(cache=True, parallel=True)
@@ -189,7 +189,14 @@ def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1):
     substeps: the path back from each centroid in that many RK4 steps of dt/substeps (the
     divergence integral summed along it), g interpolated once at its end, so a finer path adds
     no interpolation error."""
-    x = interpolant.centroids
+    departure, integral = trace_back(interpolant.centroids, field, t, dt, substeps)
+    return interpolant(g, departure) - integral
+
+
+def trace_back(x, field, t, dt, substeps: int = 1):
+    """The paths of the field that arrive at the points x (n, 3) at t + dt, traced back to t in
+    `substeps` RK4 steps: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path
+    (Simpson per step, the midpoint by RK4's dense output)). field(s, points) → (v, div)."""
     h = -dt / substeps  # backward in time, from the arrival at t + dt
     integral = 0.0
     for j in range(substeps):
@@ -207,7 +214,7 @@ def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1):
         _, div0 = field(lo, departure)
         integral = integral - h * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
         x = departure
-    return interpolant(g, x) - integral
+    return x, integral
 
 
 def unit_rows(x):
