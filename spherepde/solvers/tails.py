@@ -57,7 +57,7 @@ import numpy as np
 
 from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
-from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, trace_back, unit_rows
+from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, compose_paths, trace_back
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT"]
@@ -313,12 +313,8 @@ class LogTails:
         divergence integral (interpolated), g at the anchor interpolated once at the composed
         departure points. The maps are smooth where the field is (at β = 30 its width is 0.18 rad),
         and cost one interval's paths per coupling instead of the retraced span since the anchor."""
-        departure, integral = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt))
-        if self._map is not None:  # t0 is not the anchor: compose with its map
-            feet, integral_before = self._map
-            feet = unit_rows(np.stack([self.interpolant(feet[:, i], departure) for i in range(3)], axis=1))
-            departure, integral = feet, integral + self.interpolant(integral_before, departure)
-        self._map = (departure, integral)
+        here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt))
+        self._map = departure, integral = compose_paths(self.interpolant, *here, self._map)  # None at the anchor
         return self.interpolant(origin_g, departure) - integral
 
     @property

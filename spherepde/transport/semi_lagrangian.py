@@ -25,7 +25,7 @@ import healpy as hp
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "trace_back", "unit_rows"]
+__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "trace_back", "compose_paths", "unit_rows"]
 
 
 @njit(cache=True, parallel=True)
@@ -215,6 +215,20 @@ def trace_back(x, field, t, dt, substeps: int = 1):
         integral = integral - h * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
         x = departure
     return x, integral
+
+
+def compose_paths(interpolant, departure, integral, earlier):
+    """The paths from the centroids back to an earlier time through an intermediate one: this
+    interval's (departure points at the intermediate time, divergence integral; trace_back)
+    composed with `earlier` = (departure points, integral) of the centroids at the intermediate
+    time (None: it is the earlier time). The earlier map is interpolated at this interval's
+    departure points (each coordinate, then normalised; the integral): smooth where the field
+    is, so one interpolation of g at the composed points replaces one per interval."""
+    if earlier is None:
+        return departure, integral
+    feet, integral_before = earlier
+    feet = unit_rows(np.stack([interpolant(feet[:, i], departure) for i in range(3)], axis=1))
+    return feet, integral + interpolant(integral_before, departure)
 
 
 def unit_rows(x):
