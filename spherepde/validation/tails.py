@@ -460,6 +460,8 @@ def coupling_report(out, nsides, say=print):
 RUN_FILE_VARIANT = "tails from log f, coupling every 0.2 (saves every 0.2), spherepde run"
 # the same with the default anchors, from a run file of solvers/sweeps/tails_anchored.toml
 RUN_FILE_ANCHORED = "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, spherepde run"
+# and with the composed maps between anchors, from a run file of solvers/sweeps/tails_maps.toml
+RUN_FILE_MAPS = "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, composed maps, spherepde run"
 # g interpolated at every coupling (LogTails(anchor=0)), as before the anchors: the variants measured then
 EVERY_COUPLING = {"anchor": 0.0, "path_step": None}
 HYBRID_VARIANTS = {
@@ -469,6 +471,8 @@ HYBRID_VARIANTS = {
     "tails from log f, coupling every 0.4 (saves every 0.4)": {"interval": 0.4, "save_every": 0.4, **EVERY_COUPLING},
     RUN_FILE_VARIANT: {"interval": 0.2, "save_every": 0.2, "from_run": True, **EVERY_COUPLING},
     RUN_FILE_ANCHORED: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1},
+    RUN_FILE_MAPS: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1,
+                    "paths": "maps"},
     # where the kernel is narrower than a cell (β = 1000 at nside ≤ 32): f constant in the near cells
     # at the atoms, as before the log-linear profile (docs/numerics.md#near-field-in-the-tails-near_field_profile)
     "tails from log f, coupling every 0.2 (saves every 0.2), f constant in the near cells":
@@ -500,6 +504,10 @@ HYBRID_VARIANTS = {
         {"interval": 0.2, "save_every": 0.2, "anchor": 1.0, "path_step": 0.1},
     "tails from log f, coupling every 0.1 (saves every 0.1), g interpolated every 1.0":
         {"interval": 0.1, "save_every": 0.1, "anchor": 1.0, "path_step": 0.1},
+    # the same with the composed maps between anchors (LogTails(paths="maps")): each coupling traces
+    # its own interval only, the paths back to the anchor by the last coupling's interpolated map
+    "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, composed maps":
+        {"interval": 0.2, "save_every": 0.2, "anchor": 1.0, "path_step": 0.1, "paths": "maps"},
     "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, paths in steps of 0.2":
         {"interval": 0.2, "save_every": 0.2, "anchor": 1.0, "path_step": 0.2},
     "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, level relative to the atoms too":
@@ -582,9 +590,9 @@ def hybrid_series_of_run(path):
 
 def import_runs(runs, cache):
     """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml,
-    tails_anchored.toml) as the cached JSON of RUN_FILE_VARIANT (g interpolated at every coupling)
-    or RUN_FILE_ANCHORED (`tail_anchor` > 0) for its law, nside and β (not replacing one already
-    kept); the paths imported."""
+    tails_anchored.toml, tails_maps.toml) as the cached JSON of RUN_FILE_VARIANT (g interpolated at
+    every coupling), RUN_FILE_ANCHORED (`tail_anchor` > 0) or RUN_FILE_MAPS (and `tail_paths =
+    "maps"`) for its law, nside and β (not replacing one already kept); the paths imported."""
     from ..storage.runfile import open_run
 
     done = []
@@ -596,7 +604,9 @@ def import_runs(runs, cache):
                 continue
             config = json.loads(ds.attrs["config"])
         law = LAW_KINDS[config["initial"]["kind"]]
-        variant = RUN_FILE_ANCHORED if config["eulerian"].get("tail_anchor", 0.0) > 0 else RUN_FILE_VARIANT
+        eul = config["eulerian"]
+        variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
+                   RUN_FILE_MAPS if eul.get("tail_paths", "retrace") == "maps" else RUN_FILE_ANCHORED)
         key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), variant, law)
         if not key.exists():
             key.write_text(json.dumps(hybrid_series_of_run(path)))
