@@ -19,7 +19,9 @@ coupling_schedule):
    only, its interpolation errors do not add up at every coupling) along paths in RK4 steps of at
    most `path_step` = 0.1 through the field of the states at every coupling since, linear in time
    between them (the attention sums of f dA + atoms); with `substeps` > 1, through the states
-   after every step;
+   after every step; with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
+   composed there with that coupling's departure points at the anchor and divergence integral
+   (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
    below `level` × the mesh's largest f (criterion "min"; "fv": f alone; reference "measure":
    × the largest of that and every atom's mass per cell area) and its centroid lies farther
@@ -138,9 +140,10 @@ class LogTails:
     least this far apart in time only (the anchors; `anchor_time` the last); a coupling in between
     advances the anchor's g along paths through the states of every coupling since, in RK4 steps
     of at most path_step (None: `substeps` per coupling interval). anchor 0: g advanced from the
-    last coupling, interpolated at every one (as before the anchors). paths "start": anchor = ∞, g
-    interpolated at the start only (an experiment: cost grows as t², and a resumed run restarts
-    there)."""
+    last coupling, interpolated at every one (as before the anchors). paths "retrace" (default):
+    each coupling retraces its paths to the anchor; "maps": it traces its own interval and
+    composes it with the last coupling's map (_composed); "start": anchor = ∞, g interpolated at
+    the start only (an experiment: cost grows as t², and a resumed run restarts there)."""
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,

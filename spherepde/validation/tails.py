@@ -200,7 +200,9 @@ STATES = {"muscl": {"scheme": "muscl"}, "log_muscl": {"scheme": "log_muscl"},
           "muscl + tails from log f": {"scheme": "muscl", "tails": {}},
           "the same, level relative to the atoms too": {"scheme": "muscl", "tails": {"reference": "measure"}},
           # as before the anchors (docs/numerics.md#anchors-g-interpolated-every-10)
-          "the same, g interpolated at every coupling": {"scheme": "muscl", "tails": {"anchor": 0.0, "path_step": None}}}
+          "the same, g interpolated at every coupling": {"scheme": "muscl", "tails": {"anchor": 0.0, "path_step": None}},
+          # the paths between anchors composed, not retraced (docs/numerics.md#composed-maps-tail_paths--maps)
+          "the same, composed maps between anchors": {"scheme": "muscl", "tails": {"paths": "maps"}}}
 # (anchor, path step) of the semi-Lagrangian transport alone with couplings every 0.2: its error
 # against the number of interpolations of g
 # against the number of interpolations of g; last: the paths composed between anchors (maps)
@@ -647,9 +649,26 @@ def hybrid_summary(rows):
     f = np.array([r["F"] for r in after])
     x2 = np.array([r["x2"] for r in after])
     half = np.flatnonzero(x2 >= 0.5)
+    # how fast the heaviest atom drifts toward the cone ⟨Bz, z⟩ = 0 late in the run: the
+    # least-squares slope of ⟨Bz, z⟩ over the second half (per unit time), where it was recorded
+    late = [r for r in rows if r["t"] >= rows[-1]["t"] / 2 and math.isfinite(r.get("q", math.nan))]
+    q_rate = float(np.polyfit([r["t"] for r in late], [r["q"] for r in late], 1)[0]) if len(late) > 2 else math.nan
     return {"onset": f_phase_onset(ds), "e_max": e_max, "t_max": t_max, "f_max": float(f.max()),
             "t_f_max": after[int(f.argmax())]["t"], "t_x2_half": after[half[0]]["t"] if half.size else math.nan,
-            "E_end": rows[-1]["E"], "F_end": rows[-1]["F"], "q_end": rows[-1].get("q", math.nan)}
+            "E_end": rows[-1]["E"], "F_end": rows[-1]["F"], "q_end": rows[-1].get("q", math.nan), "q_rate": q_rate,
+            "x2_end": rows[-1]["x2"], "t_end": rows[-1]["t"]}
+
+
+def _drift(summary):
+    """The drift column of hybrid_report: the slope of ⟨Bz, z⟩ late in the run, the time at the cone at
+    that rate where there is no F-onset, and |x₂| of the heaviest atom at the end."""
+    rate, q, x2 = summary["q_rate"], summary["q_end"], summary["x2_end"]
+    if not math.isfinite(rate):
+        return "—"
+    text = f"{rate:+.4f}/unit"
+    if not math.isfinite(summary["onset"]) and rate > 0 and math.isfinite(q) and q < 0:
+        text += f", cone at t ≈ {summary['t_end'] - q / rate:.0f}"
+    return text + (f"; {x2:.1e}" if math.isfinite(x2) else "")
 
 
 def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True, laws=None, variants=None,
@@ -687,11 +706,12 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                 lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
                              f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
                              f"{s['E_end']:.3f} / {s['F_end']:.3f} | {fmt(s['q_end']).replace('none', '—')} | "
-                             f"{result['wall']:.0f} |")
+                             f"{_drift(s)} | {result['wall']:.0f} |")
         sections.append(
             f"## {law_name[0].upper() + law_name[1:]} ({law!r})\n\n"
             "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
-            f"E / F at t = {t_end:g} | ⟨Bz, z⟩ then | wall (s) |\n|---|---|---|---|---|---|---|---|---|\n"
+            f"E / F at t = {t_end:g} | ⟨Bz, z⟩ then | its drift; \\|x₂\\| then | wall (s) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(lines) + "\n")
     path = out / ("hybrid.md" if beta == 30.0 else f"hybrid_beta{beta:g}.md")
     path.write_text(
@@ -706,7 +726,9 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "of g over the last interval along the characteristics; g interpolated at every coupling, its paths in one "
         "RK4 step per coupling, unless the variant says \"g interpolated every 1.0\": then only at anchors 1.0 "
         "apart, the couplings in between following their paths back to the last anchor in RK4 steps of 0.1, "
-        "the solver's default `tail_anchor = 1.0`, `tail_path_step = 0.1`) with couplings every 0.2 (the default, "
+        "the solver's default `tail_anchor = 1.0`, `tail_path_step = 0.1`; \"composed maps\": each of those couplings "
+        "traces its own interval only and composes it with the last coupling's departure points and divergence "
+        "integral, interpolated, `tail_paths = \"maps\"`) with couplings every 0.2 (the default, "
         "as far apart as that allows whatever the saves), every 0.2 and 0.4 with saves as far apart (F-onset and the "
         "time at |x₂| = ½ then resolved to the save interval; also with the level relative to the largest of "
         "the mesh's f and every atom's mass per cell area, `reference = \"measure\"`; and with g's paths in 4 RK4 steps "
@@ -717,11 +739,15 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "and every 0.1, 0.05, 0.025; with couplings "
         "every 0.1, the tail cells left to the finite volumes between couplings (`tail_follow = false`), and "
         "the prototype's coupling (g reset to log f in the bulk, limited interpolant, the tail from f alone, "
-        "not followed); \"spherepde run\": the default coupling from a run file of "
-        "`solvers/sweeps/tails_convergence.toml` (resumable; its wall time is the last segment's). "
+        "not followed); \"spherepde run\": from a run file of `solvers/sweeps/tails_convergence.toml` "
+        "(`tails_anchored.toml` with anchors, `tails_maps.toml` with the composed maps; resumable; its wall time "
+        "is the last segment's). "
         "x₂: of the heaviest atom z (F = span e₂); ⟨Bz, z⟩ = −z₁² − z₂² + z₃²: −1 on E, 0 on the cone where an "
         "equal antipodal pair is at rest, through the diagonal x₁ = ±x₃ on the way to F (docs/theory.md; — in "
-        "runs kept before it was recorded).\n\n"
+        "runs kept before it was recorded). Its drift: the least-squares slope of ⟨Bz, z⟩ over the second half of "
+        "the run (per unit time), and without an F-onset the time the heaviest atom would reach the cone at that "
+        "rate, t_end − ⟨Bz, z⟩/slope; |x₂| then: the seed of the F-phase, which grows only once the cone is "
+        "passed.\n\n"
         + "\n".join(sections))
     return path
 

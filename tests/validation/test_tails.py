@@ -162,3 +162,15 @@ def test_hybrid_variants_hand_their_solver_options_to_the_solver():
     _, _, solver = tails.hybrid_options(tails.HYBRID_VARIANTS[
         "tails from log f, coupling every 0.2 (saves every 0.2), atoms from 1e-6"])
     assert solver == {"atoms": {"min_mass": 1e-6}}
+
+
+def test_the_drift_toward_the_cone_is_the_slope_of_the_late_run():
+    """⟨Bz, z⟩ = −1 + 0.01 t with no F-phase: the slope over the second half is 0.01 per unit
+    time, and at that rate the heaviest atom reaches the cone ⟨Bz, z⟩ = 0 at t = 100."""
+    rows = [{"t": t, "E": 0.99, "F": 0.0, "x2": 1e-4, "q": -1.0 + 0.01 * t} for t in np.arange(0.0, 30.01, 0.2)]
+    summary = tails.hybrid_summary(rows)
+    assert summary["q_rate"] == pytest.approx(0.01, rel=1e-9)
+    assert not math.isfinite(summary["onset"])
+    assert tails._drift(summary) == "+0.0100/unit, cone at t ≈ 100; 1.0e-04"
+    # runs kept before ⟨Bz, z⟩ was recorded have no drift
+    assert tails._drift(tails.hybrid_summary([{k: v for k, v in r.items() if k != "q"} for r in rows])) == "—"
