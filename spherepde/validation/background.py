@@ -141,8 +141,9 @@ def measure(nside, times, out, say=print, tails=False, label=None):
     from ..runner.build import build_initial_law, build_model
 
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
-    tag = ("" if tails is False else "tails_anchored_" if tails is True or "eulerian.tail_anchor=0.0" not in tails
-           else "tails_")
+    overrides = [] if tails in (True, False) else list(tails)
+    tag = ("" if tails is False else "tails_" if "eulerian.tail_anchor=0.0" in overrides
+           else "tails_maps_" if MAPS in overrides else "tails_anchored_")
     name = f"background_run_{tag}nside{nside}.nc"
     cfg, ds = ensure_run(out / name, nside, max(times), say, tails)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
@@ -284,12 +285,14 @@ class SavedParticleField:
 
 # state → tails of ensure_run: the finite volumes; the tails with g interpolated at every coupling
 # (as before the anchors); the tails with the default anchors every 1.0
+MAPS = 'eulerian.tail_paths="maps"'  # the composed maps between anchors (docs/numerics.md)
 TAIL_STATES = {"finite volumes + atoms": False,
                # (no near field at β = 30 on these meshes: "constant" is the runs' setting before the key)
                "tails from log f, g interpolated at every coupling": ["eulerian.tail_anchor=0.0",
                                                                       "eulerian.tail_path_step=1.0",
                                                                       'eulerian.near_field_profile="constant"'],
-               "tails from log f, g interpolated every 1.0 (the default)": []}
+               "tails from log f, g interpolated every 1.0 (the default)": [],
+               "tails from log f, g interpolated every 1.0, composed maps": [MAPS]}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
@@ -309,7 +312,8 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
         "of solvers/atoms_base.toml, β = 30, atoms, snapshots every 0.05) with the finite volumes alone and with "
         "`[eulerian] tails = \"log\"`: g interpolated at every coupling (`tail_anchor = 0`, as before the anchors) "
-        "and at anchors every 1.0 (the default). f_char: the density carried along the backward "
+        "and at anchors every 1.0 (the default; and with the composed maps between them, `tail_paths = \"maps\"`). "
+        "f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; last column: the 90th percentile of |log₁₀(f_mesh / f_char)| "
