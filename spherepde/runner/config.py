@@ -60,7 +60,9 @@ A config has the sections
                    paths back to the last one; 0: at every coupling), tail_path_step (longest RK4
                    step of those paths, default 0.1, (0, 1]), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
-                   own interval's, "retrace" retraces them to the anchor), near_field_profile (the density inside a
+                   own interval's, "retrace" retraces them to the anchor), tail_substeps (1: g's
+                   paths see the states at the couplings, linear in time between them; k > 1:
+                   the states after every step, k times the path steps), near_field_profile (the density inside a
                    near cell of the sums at the atoms, where the kernel is narrower than a cell:
                    "constant" (f_c) | "log_linear" (f_c e^{⟨γ, y − y_c⟩}/N_c, γ the limited slope
                    of ln f); default "log_linear" with tails = "log", else "constant")
@@ -134,7 +136,8 @@ DEFAULTS = {
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": TAIL_PATHS_DEFAULT, "near_field_profile": None},
+                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": TAIL_PATHS_DEFAULT, "tail_substeps": 1,
+                 "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
                   "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
@@ -689,6 +692,9 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
     if eul["tail_paths"] not in TAIL_PATHS:
         raise ConfigError(f'[eulerian] tail_paths: must be "retrace" or "maps", got {eul["tail_paths"]!r}')
+    substeps = eul["tail_substeps"]
+    if isinstance(substeps, bool) or not isinstance(substeps, int) or not 1 <= substeps <= 16:
+        raise ConfigError(f"[eulerian] tail_substeps: must be an integer from 1 to 16, got {substeps!r}")
     if eul["near_field_profile"] is None:  # the tails' slopes are accurate; the finite volumes' are not
         eul["near_field_profile"] = "log_linear" if eul["tails"] == "log" else "constant"
     if eul["near_field_profile"] not in NEAR_FIELD_PROFILES:
@@ -928,6 +934,7 @@ ADDED_KEYS[("eulerian", "near_field_profile")] = "constant"  # and the log-linea
 # and g interpolated at anchors only: before, at every coupling, its paths in one RK4 step each
 ADDED_KEYS.update({("eulerian", "tail_anchor"): 0.0, ("eulerian", "tail_path_step"): 1.0})
 ADDED_KEYS[("eulerian", "tail_paths")] = "retrace"  # and the composed maps between anchors
+ADDED_KEYS[("eulerian", "tail_substeps")] = 1  # and the states after every step in g's paths
 ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # any d and batched systems
                    ("particles", "summation"): "auto"})
 # the GPU backend came later: a file without the key ran on the CPU, as "auto" does without a GPU
@@ -943,7 +950,7 @@ ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_fee
 ATOM_CUTS = ("floor", "tail")
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_paths")
+             "tail_paths", "tail_substeps")
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

@@ -168,7 +168,7 @@ def _tail_options(eul):
         return None
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
-            "paths": eul["tail_paths"]}
+            "paths": eul["tail_paths"], "substeps": eul["tail_substeps"]}
 
 
 def run_times(config) -> list[float]:
@@ -338,7 +338,7 @@ class RunSetup:
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
                                "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),
                                "tail_anchor": eul["tail_anchor"], "tail_path_step": eul["tail_path_step"],
-                               "tail_paths": eul["tail_paths"]})
+                               "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"]})
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles

@@ -227,7 +227,7 @@ def test_config_refuses_tails_without_atoms_or_with_heads():
         resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                  "eulerian": {"tails": "log", "tail_interval": 0.0}, "time": {"t_end": 1.0, "save_every": 0.5}})
     for key, value in (("tail_anchor", -0.5), ("tail_anchor", 6.0), ("tail_path_step", 0.0), ("tail_path_step", 2.0),
-                       ("tail_paths", "compose")):
+                       ("tail_paths", "compose"), ("tail_substeps", 0), ("tail_substeps", 2.5), ("tail_substeps", 17)):
         with pytest.raises(ConfigError, match=rf"\[eulerian\] {key}"):
             resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                      "eulerian": {"tails": "log", key: value}, "time": {"t_end": 1.0, "save_every": 0.5}})
@@ -252,12 +252,17 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     assert main(["run", str(cfg), "-o", str(out), "--resume"]) == 0
     assert "resumed from snapshot 10 (t = 1)" in open_run(out).attrs["history"]
     assert run_difference(out, ref) <= ROUND_OFF
-    # the composed maps between anchors: the resumed run repeats them from the anchor
+    # the composed maps between anchors, through the states after every step: the resumed run
+    # repeats them from the anchor
     maps = tmp_path / "maps.toml"
-    maps.write_text(TAILS.replace("tail_interval = 0.2", 'tail_interval = 0.2\ntail_paths = "maps"'))
+    maps.write_text(TAILS.replace("tail_interval = 0.2", 'tail_interval = 0.2\ntail_paths = "maps"\ntail_substeps = 2'))
     ref, out = tmp_path / "ref_maps.nc", tmp_path / "out_maps.nc"
     assert main(["run", str(maps), "-o", str(ref)]) == 0
-    assert open_run(ref).attrs["tail_paths"] == "maps"
+    assert open_run(ref).attrs["tail_paths"] == "maps" and open_run(ref).attrs["tail_substeps"] == 2
+    one = tmp_path / "one.toml"  # the key reaches the solver: one state per coupling gives another g
+    one.write_text(maps.read_text().replace("tail_substeps = 2", "tail_substeps = 1"))
+    assert main(["run", str(one), "-o", str(tmp_path / "one.nc")]) == 0
+    assert not np.array_equal(open_run(tmp_path / "one.nc")["log_density"].values, open_run(ref)["log_density"].values)
     interrupt_after(maps, out, 13)
     assert main(["run", str(maps), "-o", str(out), "--resume"]) == 0
     assert "resumed from snapshot 10 (t = 1)" in open_run(out).attrs["history"]
