@@ -175,12 +175,22 @@ class PolynomialInterpolant:
         return hp.vec2pix(self.mesh.nside, points[:, 0], points[:, 1], points[:, 2], nest=True).astype(np.int64)
 
     def __call__(self, values, points, out=None):
+        """The fit of values (npix,) at points (n, 3); values (npix, k): k fields at once, the
+        points' cells and monomials found once (out (n, k))."""
         points = np.ascontiguousarray(points, dtype=float)
-        out = np.empty(points.shape[0]) if out is None else out
+        values = np.asarray(values, dtype=float)
+        out = np.empty((points.shape[0], *values.shape[1:])) if out is None else out
         cells = self.cells_of(points)
         basis = np.ascontiguousarray(self._monomials_at(points, cells))
-        polynomial_interpolate(np.ascontiguousarray(values, dtype=float), self.stencil, self.fits, basis, cells,
-                               self.limited, out)
+        if values.ndim == 1:
+            polynomial_interpolate(np.ascontiguousarray(values), self.stencil, self.fits, basis, cells,
+                                   self.limited, out)
+            return out
+        column = np.empty(points.shape[0])
+        for k in range(values.shape[1]):
+            polynomial_interpolate(np.ascontiguousarray(values[:, k]), self.stencil, self.fits, basis, cells,
+                                   self.limited, column)
+            out[:, k] = column
         return out
 
 
@@ -227,8 +237,8 @@ def compose_paths(interpolant, departure, integral, earlier):
     if earlier is None:
         return departure, integral
     feet, integral_before = earlier
-    feet = unit_rows(np.stack([interpolant(feet[:, i], departure) for i in range(3)], axis=1))
-    return feet, integral + interpolant(integral_before, departure)
+    both = interpolant(np.column_stack([feet, integral_before]), departure)  # one cell search for the four
+    return unit_rows(both[:, :3]), integral + both[:, 3]
 
 
 def unit_rows(x):

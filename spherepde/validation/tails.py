@@ -203,9 +203,8 @@ STATES = {"muscl": {"scheme": "muscl"}, "log_muscl": {"scheme": "log_muscl"},
           "the same, g interpolated at every coupling": {"scheme": "muscl", "tails": {"anchor": 0.0, "path_step": None}},
           # the paths between anchors composed, not retraced (docs/numerics.md#composed-maps-tail_paths--maps)
           "the same, composed maps between anchors": {"scheme": "muscl", "tails": {"paths": "maps"}}}
-# (anchor, path step) of the semi-Lagrangian transport alone with couplings every 0.2: its error
-# against the number of interpolations of g
-# against the number of interpolations of g; last: the paths composed between anchors (maps)
+# (anchor, path step, maps) of the semi-Lagrangian transport alone with couplings every 0.2: its
+# error against the number of interpolations of g; last: the paths composed between anchors (maps)
 SL_ANCHORS = ((0.2, None, False), (0.6, 0.2, False), (1.0, 0.2, False), (1.0, 0.1, False), (2.0, 0.1, False),
               (1.0, 0.1, True))
 
