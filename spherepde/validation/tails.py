@@ -585,7 +585,8 @@ def hybrid_series_of_run(path):
                          "share": float(ds["background_share_max"].values[k]),
                          "x2": float(abs(z[1])) if masses[k, heaviest] > 0 else math.nan,
                          "q": float(z @ B @ z) if masses[k, heaviest] > 0 else math.nan,
-                         "min_f": float(ds["min_density"].values[k]), "tail_cells": int(ds["tail_cells"].values[k])})
+                         "min_f": float(ds["min_density"].values[k]), "tail_cells": int(ds["tail_cells"].values[k]),
+                         "w2": float(ds["w2_to_projection"].values[k])})
         return {"rows": rows, "wall": float(ds.attrs.get("wall_seconds", math.nan)), "run_file": Path(path).name}
 
 
@@ -652,7 +653,10 @@ def hybrid_summary(rows):
     # least-squares slope of ⟨Bz, z⟩ over the second half (per unit time), where it was recorded
     late = [r for r in rows if r["t"] >= rows[-1]["t"] / 2 and math.isfinite(r.get("q", math.nan))]
     q_rate = float(np.polyfit([r["t"] for r in late], [r["q"] for r in late], 1)[0]) if len(late) > 2 else math.nan
-    return {"onset": f_phase_onset(ds), "e_max": e_max, "t_max": t_max, "f_max": float(f.max()),
+    # the bottom of the W₂ U-curve, W₂(ρ_t, Π#ρ₀) (recorded by run files only)
+    w2 = [(r["w2"], r["t"]) for r in rows if math.isfinite(r.get("w2", math.nan))]
+    w2_min, t_w2_min = min(w2) if w2 else (math.nan, math.nan)
+    return {"onset": f_phase_onset(ds), "e_max": e_max, "w2_min": w2_min, "t_w2_min": t_w2_min, "t_max": t_max, "f_max": float(f.max()),
             "t_f_max": after[int(f.argmax())]["t"], "t_x2_half": after[half[0]]["t"] if half.size else math.nan,
             "E_end": rows[-1]["E"], "F_end": rows[-1]["F"], "q_end": rows[-1].get("q", math.nan), "q_rate": q_rate,
             "x2_end": rows[-1]["x2"], "t_end": rows[-1]["t"]}
@@ -668,6 +672,18 @@ def _drift(summary):
     if not math.isfinite(summary["onset"]) and rate > 0 and math.isfinite(q) and q < 0:
         text += f", cone at t ≈ {summary['t_end'] - q / rate:.0f}"
     return text + (f"; {x2:.1e}" if math.isfinite(x2) else "")
+
+
+def _w2_bottom(summary):
+    """The W₂ column of hybrid_report: the bottom of the U-curve and its time, "—" where not recorded."""
+    if not math.isfinite(summary["w2_min"]):
+        return "—"
+    return f"{summary['w2_min']:.4f} at {summary['t_w2_min']:g}"
+
+
+def _ended_early(summary, t_end):
+    """" (at t = T)" where a run ends before the report's t_end (run files of a shorter sweep), else ""."""
+    return f" (at t = {summary['t_end']:g})" if summary["t_end"] < t_end - 1e-9 else ""
 
 
 def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=True, laws=None, variants=None,
@@ -704,13 +720,14 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                 fmt = lambda x: "none" if not math.isfinite(x) else f"{x:.2f}"  # noqa: E731
                 lines.append(f"| {n} | {name} | {fmt(s['onset'])} | {s['e_max']:.4f} at {s['t_max']:g} | "
                              f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
-                             f"{s['E_end']:.3f} / {s['F_end']:.3f} | {fmt(s['q_end']).replace('none', '—')} | "
-                             f"{_drift(s)} | {result['wall']:.0f} |")
+                             f"{s['E_end']:.3f} / {s['F_end']:.3f}{_ended_early(s, t_end)} | "
+                             f"{fmt(s['q_end']).replace('none', '—')} | "
+                             f"{_drift(s)} | {_w2_bottom(s)} | {result['wall']:.0f} |")
         sections.append(
             f"## {law_name[0].upper() + law_name[1:]} ({law!r})\n\n"
             "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
-            f"E / F at t = {t_end:g} | ⟨Bz, z⟩ then | its drift; \\|x₂\\| then | wall (s) |\n"
-            "|---|---|---|---|---|---|---|---|---|---|\n"
+            f"E / F at t = {t_end:g} | ⟨Bz, z⟩ then | its drift; \\|x₂\\| then | min W₂(ρ_t, Π#ρ₀) | wall (s) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n"
             + "\n".join(lines) + "\n")
     path = out / ("hybrid.md" if beta == 30.0 else f"hybrid_beta{beta:g}.md")
     path.write_text(
@@ -746,7 +763,9 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
         "runs kept before it was recorded). Its drift: the least-squares slope of ⟨Bz, z⟩ over the second half of "
         "the run (per unit time), and without an F-onset the time the heaviest atom would reach the cone at that "
         "rate, t_end − ⟨Bz, z⟩/slope; |x₂| then: the seed of the F-phase, which grows only once the cone is "
-        "passed.\n\n"
+        "passed. min W₂(ρ_t, Π#ρ₀): the bottom of the U-curve of the mesh + atoms measure and its time, from "
+        "a run file's own diagnostic (— for the runs made here); E / F of a run file that ends before "
+        f"t = {t_end:g} (`tails_maps.toml` ends at 14) are at its last time, which the cell says.\n\n"
         + "\n".join(sections))
     return path
 

@@ -174,3 +174,15 @@ def test_the_drift_toward_the_cone_is_the_slope_of_the_late_run():
     assert tails._drift(summary) == "+0.0100/unit, cone at t ≈ 100; 1.0e-04"
     # runs kept before ⟨Bz, z⟩ was recorded have no drift
     assert tails._drift(tails.hybrid_summary([{k: v for k, v in r.items() if k != "q"} for r in rows])) == "—"
+
+
+def test_the_bottom_of_the_w2_u_curve_and_a_run_that_ends_early():
+    """W₂(ρ_t, Π#ρ₀) = (t − 3)² + 0.05 on the save times: its bottom is 0.05 at t = 3; rows without
+    W₂ (runs kept before it was recorded) give "—"; a run ending at 14 in a table of t ≤ 20 says so."""
+    rows = [{"t": t, "E": 0.99, "F": 0.0, "x2": 1e-4, "w2": (t - 3.0) ** 2 + 0.05} for t in np.arange(0.0, 14.01, 0.2)]
+    summary = tails.hybrid_summary(rows)
+    assert (summary["w2_min"], summary["t_w2_min"]) == pytest.approx((0.05, 3.0), abs=1e-12)
+    assert tails._w2_bottom(summary) == "0.0500 at 3"
+    assert tails._w2_bottom(tails.hybrid_summary([{k: v for k, v in r.items() if k != "w2"} for r in rows])) == "—"
+    assert tails._ended_early(summary, 20.0) == " (at t = 14)"
+    assert tails._ended_early(summary, 14.0) == ""
