@@ -566,14 +566,16 @@ def hybrid_series(nside, beta=30.0, tails=None, t_end=20.0, save_every=0.1, say=
     return {"rows": rows, "wall": time.perf_counter() - start}
 
 
-def hybrid_series_of_run(path):
+def hybrid_series_of_run(path, partial=False):
     """The rows of hybrid_series from a complete run file (its own diagnostics: alignment with E and F
     of the mesh and the atoms, background_share_max, x₂ of the heaviest atom, min_density,
-    tail_cells) and its wall time (of the last segment, if it was resumed)."""
+    tail_cells, W₂ to Π#ρ₀) and its wall time (of the last segment, if it was resumed); partial: an
+    unfinished run too (its snapshots so far; "partial": True in the result)."""
     from ..storage.runfile import open_run
 
     with open_run(path) as ds:
-        if int(ds.attrs.get("complete", 0)) != 1:
+        complete = int(ds.attrs.get("complete", 0)) == 1
+        if not (complete or partial):
             raise ValueError(f"{path}: the run is not complete")
         masses, positions = ds["atom_mass"].values, ds["atom_position"].values
         B = np.array(json.loads(ds.attrs["config"])["model"]["B"], dtype=float)
@@ -587,22 +589,26 @@ def hybrid_series_of_run(path):
                          "q": float(z @ B @ z) if masses[k, heaviest] > 0 else math.nan,
                          "min_f": float(ds["min_density"].values[k]), "tail_cells": int(ds["tail_cells"].values[k]),
                          "w2": float(ds["w2_to_projection"].values[k])})
-        return {"rows": rows, "wall": float(ds.attrs.get("wall_seconds", math.nan)), "run_file": Path(path).name}
+        return {"rows": rows, "wall": float(ds.attrs.get("wall_seconds", math.nan)), "run_file": Path(path).name,
+                "partial": not complete}
 
 
-def import_runs(runs, cache):
+def import_runs(runs, cache, partial=False):
     """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml,
     tails_anchored.toml, tails_maps.toml) as the cached JSON of RUN_FILE_VARIANT (g interpolated at
     every coupling), RUN_FILE_ANCHORED (`tail_anchor` > 0) or RUN_FILE_MAPS (and `tail_paths =
-    "maps"`) for its law, nside and β (not replacing one already kept); the paths imported."""
+    "maps"`) for its law, nside and β (not replacing one already kept, unless that one was partial);
+    partial: unfinished runs too, as far as they got (the report then says where they end: the
+    F-onset and the maximum of the alignment with E are final once past, the rest is not). The
+    paths imported."""
     from ..storage.runfile import open_run
 
     done = []
     for path in sorted(Path(runs).glob("*-[0-9][0-9][0-9][0-9].nc")):  # run ids <sweep>-<index:04d>, not the combined file
-        if Path(f"{path}.lock").exists():  # a run is writing it
+        if not partial and Path(f"{path}.lock").exists():  # a run is writing it
             continue
         with open_run(path) as ds:
-            if int(ds.attrs.get("complete", 0)) != 1:
+            if int(ds.attrs.get("complete", 0)) != 1 and not partial:
                 continue
             config = json.loads(ds.attrs["config"])
         law = LAW_KINDS[config["initial"]["kind"]]
@@ -610,8 +616,8 @@ def import_runs(runs, cache):
         variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
                    RUN_FILE_MAPS if eul.get("tail_paths", "retrace") == "maps" else RUN_FILE_ANCHORED)
         key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), variant, law)
-        if not key.exists():
-            key.write_text(json.dumps(hybrid_series_of_run(path)))
+        if not key.exists() or json.loads(key.read_text()).get("partial", False):
+            key.write_text(json.dumps(hybrid_series_of_run(path, partial=partial)))
             done.append(path)
     return done
 
@@ -788,6 +794,8 @@ if __name__ == "__main__":
     parser.add_argument("--t-end", type=float, default=20.0, help="with --hybrid: the end time (default 20)")
     parser.add_argument("--runs", help="with --hybrid: first keep the complete run files of this folder "
                         "(solvers/sweeps/tails_convergence.toml) as cached runs")
+    parser.add_argument("--partial", action="store_true",
+                        help="with --runs: unfinished run files too, as far as they got (replaced when complete)")
     parser.add_argument("--coupling", action="store_true",
                         help="instead: the F-onset at beta = 30 of the coupled tails and the log-density state (coupling.md)")
     args = parser.parse_args()
@@ -795,7 +803,7 @@ if __name__ == "__main__":
         if args.runs:
             cache = Path(args.out) / "hybrid_runs"
             cache.mkdir(parents=True, exist_ok=True)
-            for path in import_runs(args.runs, cache):
+            for path in import_runs(args.runs, cache, partial=args.partial):
                 print(f"kept {path}")
         print(hybrid_report(args.out, args.nside, beta=args.beta, run_missing=not args.cached, laws=args.laws,
                            variants=args.variants, t_end=args.t_end))

@@ -1,5 +1,6 @@
 """The tails suite's measurement (spherepde.validation.tails) against the exact β = ∞ solution."""
 
+import json
 import math
 
 import numpy as np
@@ -142,6 +143,24 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     assert main(["run", str(cfg), "-o", str(maps / "tails-0000.nc")]) == 0
     assert tails.import_runs(maps, cache) == [maps / "tails-0000.nc"]
     assert tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_MAPS, "projected normal").is_file()
+    # an unfinished run is kept only when asked (partial), and replaced once a complete one is there
+    import shutil
+
+    import netCDF4
+
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    shutil.copy(maps / "tails-0000.nc", unfinished / "tails-0000.nc")
+    with netCDF4.Dataset(unfinished / "tails-0000.nc", "a") as nc:
+        nc.setncattr("complete", 0)
+    fresh = tmp_path / "fresh_cache"
+    fresh.mkdir()
+    assert tails.import_runs(unfinished, fresh) == []
+    assert tails.import_runs(unfinished, fresh, partial=True) == [unfinished / "tails-0000.nc"]
+    key = tails.hybrid_key(fresh, 8, 30.0, tails.RUN_FILE_MAPS, "projected normal")
+    assert json.loads(key.read_text())["partial"] is True
+    assert tails.import_runs(maps, fresh) == [maps / "tails-0000.nc"]
+    assert json.loads(key.read_text())["partial"] is False and tails.import_runs(maps, fresh) == []
 
 
 def test_hybrid_variants_hand_their_solver_options_to_the_solver():
