@@ -728,7 +728,8 @@ def hybrid_report(out, nsides, beta=30.0, cache=None, say=print, run_missing=Tru
                              f"{s['f_max']:.3f} at {s['t_f_max']:g} | {fmt(s['t_x2_half'])} | "
                              f"{s['E_end']:.3f} / {s['F_end']:.3f}{_ended_early(s, t_end)} | "
                              f"{fmt(s['q_end']).replace('none', '—')} | "
-                             f"{_drift(s)} | {_w2_bottom(s)} | {result['wall']:.0f} |")
+                             f"{_drift(s)} | {_w2_bottom(s)} | "
+                             f"{'—' if not math.isfinite(result['wall']) else format(result['wall'], '.0f')} |")
         sections.append(
             f"## {law_name[0].upper() + law_name[1:]} ({law!r})\n\n"
             "| nside | state | F-onset | max alignment with E | then max alignment with F | t at \\|x₂\\| = ½ | "
