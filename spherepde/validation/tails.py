@@ -37,7 +37,7 @@ import xarray as xr
 
 from ..analysis.diagnostics import alignment
 from ..analysis.exact import zero_temperature_density
-from ..analysis.metrics import f_phase_onset, max_alignment
+from ..analysis.metrics import f_phase_onset, max_alignment, u_curve_minimum
 from ..geometry.mesh import HealpixMesh
 from ..models.attention import AttentionModel
 from ..models.initial import ProjectedNormal, Uniform, VonMisesFisher
@@ -660,8 +660,9 @@ def hybrid_summary(rows):
     late = [r for r in rows if r["t"] >= rows[-1]["t"] / 2 and math.isfinite(r.get("q", math.nan))]
     q_rate = float(np.polyfit([r["t"] for r in late], [r["q"] for r in late], 1)[0]) if len(late) > 2 else math.nan
     # the bottom of the W₂ U-curve, W₂(ρ_t, Π#ρ₀) (recorded by run files only)
-    w2 = [(r["w2"], r["t"]) for r in rows if math.isfinite(r.get("w2", math.nan))]
-    w2_min, t_w2_min = min(w2) if w2 else (math.nan, math.nan)
+    w2 = np.array([r.get("w2", math.nan) for r in rows])
+    w2_min, t_w2_min = (u_curve_minimum(ds.assign(w2_to_projection=("time", w2))) if np.isfinite(w2).any()
+                        else (math.nan, math.nan))
     return {"onset": f_phase_onset(ds), "e_max": e_max, "w2_min": w2_min, "t_w2_min": t_w2_min, "t_max": t_max, "f_max": float(f.max()),
             "t_f_max": after[int(f.argmax())]["t"], "t_x2_half": after[half[0]]["t"] if half.size else math.nan,
             "E_end": rows[-1]["E"], "F_end": rows[-1]["F"], "q_end": rows[-1].get("q", math.nan), "q_rate": q_rate,
