@@ -47,7 +47,10 @@ A config has the sections
                    both default to 0 below nside 8, whose cells are too wide for the rule;
                    atom_cut ("floor" (default): a new atom's patch keeps min(f, its outer ring's
                    least f); "tail": min(f, the e^{linear} fit of its outer ring), which leaves a
-                   steep background in place where the floor cuts a notch); tails ("finite_volume"
+                   steep background in place where the floor cuts a notch); atom_shape ("point"
+                   (default): a new atom is one point mass; "sigma": four points of equal mass
+                   with the peak's centre and tangential covariance, which move with the field
+                   averaged over the collapsing cluster and merge as it collapses); tails ("finite_volume"
                    (default) | "log": the tails of f from log f carried along characteristics,
                    spherepde.solvers.tails; needs atoms, one head, no layers, no noise) with
                    tail_interval (longest time between couplings, default 0.2, (0, 1]; the save
@@ -134,7 +137,7 @@ DEFAULTS = {
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 1e-3,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
-                 "atom_cut": "floor", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
+                 "atom_cut": "floor", "atom_shape": "point", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
                  "tail_path_step": TAIL_PATH_STEP, "tail_paths": TAIL_PATHS_DEFAULT, "tail_substeps": 1,
                  "near_field_profile": None},
@@ -678,6 +681,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
     if eul["atom_cut"] not in ATOM_CUTS:
         raise ConfigError(f'[eulerian] atom_cut: must be "floor" or "tail", got {eul["atom_cut"]!r}')
+    if eul["atom_shape"] not in ATOM_SHAPES:
+        raise ConfigError(f'[eulerian] atom_shape: must be "point" or "sigma", got {eul["atom_shape"]!r}')
     if eul["tails"] not in TAIL_KINDS:
         raise ConfigError(f'[eulerian] tails: must be "finite_volume" or "log", got {eul["tails"]!r}')
     eul["tail_interval"] = _number("eulerian", "tail_interval", eul["tail_interval"], positive=True, high=1.0)
@@ -942,12 +947,14 @@ ADDED_KEYS.update({("model", "dimension"): 3, ("particles", "systems"): 1,  # an
 ADDED_KEYS[("particles", "backend")] = "auto"
 ADDED_KEYS[("particles", "precision")] = "fp64"
 ADDED_KEYS.update({("particles", "rtol"): 1e-6, ("particles", "atol"): 0.0})  # adaptive steps came later
+ADDED_KEYS[("eulerian", "atom_shape")] = "point"  # the atoms were points before the "sigma" shape
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
 ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_feeding", "atom_stalled_width",
-             "atom_join", "atom_cut", "near_field_profile")  # the profile acts at the atoms only
+             "atom_join", "atom_cut", "atom_shape", "near_field_profile")  # the profile acts at the atoms only
 ATOM_CUTS = ("floor", "tail")
+ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
              "tail_paths", "tail_substeps")

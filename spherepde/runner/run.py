@@ -158,7 +158,7 @@ def _atom_options(eul):
         return None
     return {"capacity": eul["max_atoms"], "width": eul["atom_width"], "min_mass": eul["atom_min_mass"],
             "merge": eul["atom_merge"], "feeding": eul["atom_feeding"], "stalled_width": eul["atom_stalled_width"],
-            "cut": eul["atom_cut"],
+            "cut": eul["atom_cut"], "shape": eul["atom_shape"],
             "join": eul["atom_join"]}
 
 
@@ -331,7 +331,7 @@ class RunSetup:
             self.attrs.update({"atom_width": eul["atom_width"], "atom_min_mass": eul["atom_min_mass"],
                                "atom_merge": eul["atom_merge"], "atom_stalled_width": eul["atom_stalled_width"],
                                "atom_join": eul["atom_join"], "atom_cut": eul["atom_cut"],
-                               "near_field_profile": eul["near_field_profile"]})
+                               "atom_shape": eul["atom_shape"], "near_field_profile": eul["near_field_profile"]})
         if self.solver.tails is not None:
             self.variables.update(tail_records(eul))
             self.arrays.update(TAIL_ARRAYS)

@@ -83,9 +83,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["Atoms", "unresolved_peaks", "stalled_peaks", "PATCH_SIZE"]
+__all__ = ["Atoms", "unresolved_peaks", "stalled_peaks", "sigma_points", "PATCH_SIZE", "SHAPES"]
 
 PATCH_SIZE = 64  # the two rings around a group of ≤ 4 tied maxima: at most 6 × 6 cells (7 × 7 for 9)
+SHAPES = ("point", "sigma")  # a new atom: one point mass, or four (sigma_points) that merge as it collapses
 TIE = 1e-12  # relative: values this close count as equal (a symmetric state is symmetric to round-off)
 
 @njit(cache=True)
@@ -198,6 +199,27 @@ def unresolved_peaks(f, neighbours, centroids, divergence, area, peak_width, pea
         peak_floor[c] = floor
 
 
+def sigma_points(centre, second):
+    """Four unit vectors, to carry equal masses, whose mean direction is `centre` and whose
+    tangential second moment at it is that of a distribution with second moment `second`
+    (E[y yᵀ], 3 × 3, its mean direction `centre`): with the eigenpairs (λ_i, e_i), i = 1, 2, of
+    Σ = P E[y yᵀ] P (P = I − c cᵀ: the tangential covariance), the points √(1 − a_i²) c ± a_i e_i,
+    a_i = √(2λ_i). Each pair is symmetric about c, so the points' sum is parallel to c (the
+    direction of the first moment exact) and their tangential covariance is Σ exactly. A cloud
+    that collapses under the flow moves with the field averaged over it, v(c) + ½Σ:∇²v + O(σ⁴),
+    where one point moves with v(c): the second-order error of an atom made from a cluster of
+    width σ (docs/numerics.md#why-the-vmf-onset-at-β--30-moves-from-nside-32-to-64)."""
+    c = _unit(np.asarray(centre, dtype=float))
+    P = np.eye(3) - np.outer(c, c)
+    lam, vec = np.linalg.eigh(P @ np.asarray(second, dtype=float) @ P)
+    points = []
+    for i in (2, 1):  # the two tangential axes (the third eigenvector is c, eigenvalue ≈ 0)
+        a = min(math.sqrt(2.0 * max(lam[i], 0.0)), 1.0)
+        for sign in (1.0, -1.0):
+            points.append(math.sqrt(1.0 - a * a) * c + sign * a * vec[:, i])
+    return points
+
+
 def stalled_peaks(f, f_old, divergence, dt, cells, ratio=0.5):
     """Which of the peak cells no longer follow the compression of the flow (boolean, per cell).
 
@@ -235,11 +257,14 @@ class Atoms:
 
     def __init__(self, mesh, capacity: int = 64, width: float = 1.3, min_mass: float = 1e-4,
                  merge: float = 0.5, feeding: bool = False, stalled_width: float = 1.7, join: float = 4.0,
-                 cut: str = "floor"):
+                 cut: str = "floor", shape: str = "point"):
         if cut not in ("floor", "tail"):
             raise ValueError(f'cut: "floor" or "tail", got {cut!r}')
+        if shape not in SHAPES:
+            raise ValueError(f"shape: one of {SHAPES}, got {shape!r}")
         self.mesh = mesh
         self.cut = cut
+        self.shape = shape
         self.feeding = bool(feeding)  # False: atoms grow by creation and merging only
         self.capacity = int(capacity)
         self.width = float(width)
@@ -424,10 +449,14 @@ class Atoms:
         excess = (old - new) * self.mesh.area
         mass = np.zeros(cand.size)
         moment = np.zeros((cand.size, 3))
+        second = np.zeros((cand.size, 3, 3))
         for j, held in enumerate(owners):
+            y = self.mesh.centroids[cells[j]]
             for i in held:
                 mass[i] += shares[j] * excess[j]
-                moment[i] += shares[j] * excess[j] * self.mesh.centroids[cells[j]]
+                moment[i] += shares[j] * excess[j] * y
+                second[i] += shares[j] * excess[j] * np.outer(y, y)
+        self._second = second  # per candidate Σ e_j y_j y_jᵀ (for the "sigma" shape)
         return cells, new, mass, moment, exclusive
 
     def create(self, t, f, divergence, f_old=None, dt=None) -> int:
@@ -481,9 +510,21 @@ class Atoms:
             else:
                 # the direction of the first moment taken (for an exclusive peak cut at the floor it is
                 # the kernel's centre of the excess, computed in the same order as before)
-                self.positions[k] = self._centre[cand[i]] if exclusive[i] and self.cut == "floor" else _unit(moment[i])
-                self.masses[k] = mass[i]
-                self.created[k] = t
+                centre = self._centre[cand[i]] if exclusive[i] and self.cut == "floor" else _unit(moment[i])
+                points = [centre]
+                if self.shape == "sigma":
+                    points = sigma_points(centre, self._second[i] / mass[i])
+                    extra = [free.pop(0) for _ in range(min(len(points) - 1, len(free)))]
+                    if len(extra) < len(points) - 1:  # no room for the cloud: one point, as "point"
+                        free[:0] = extra
+                        points, extra = [centre], []
+                    slots = [k] + extra
+                else:
+                    slots = [k]
+                for slot, x in zip(slots, points):
+                    self.positions[slot] = x
+                    self.masses[slot] = mass[i] / len(points)
+                    self.created[slot] = t
                 self.created_count += 1
         for k, (jm, jx) in joined.items():
             # direction of m_k x_k + the excesses' first moments: exact, and independent of the

@@ -74,6 +74,8 @@ BAD = [
     ("misspelt section", lambda t: t.replace("[time]", "[tiem]"), ["[tiem]", "did you mean 'time'?"]),
     ("atom cut unknown", lambda t: t.replace("nside = 4", 'nside = 4\natom_cut = "notch"'),
      ["[eulerian] atom_cut", '"floor" or "tail"', "'notch'"]),
+    ("atom shape unknown", lambda t: t.replace("nside = 4", 'nside = 4\natom_shape = "gaussian"'),
+     ["[eulerian] atom_shape", '"point" or "sigma"', "'gaussian'"]),
     ("atom join without the stalled rule", lambda t: t.replace("nside = 4", "nside = 4\natom_stalled_width = 0\natom_join = 4"),
      ["[eulerian] atom_join", "needs atom_stalled_width > 0"]),
     ("max atoms float", lambda t: t.replace("nside = 4", "nside = 4\nmax_atoms = 2.5"), ["[eulerian] max_atoms", "integer"]),
@@ -167,7 +169,7 @@ def test_atom_rule_defaults(tmp_path):
     cfg.write_text(GOOD.replace("nside = 4", "nside = 8"))
     eul = resolve(load(cfg))["eulerian"]
     assert (eul["atom_width"], eul["atom_stalled_width"], eul["atom_join"]) == (1.3, 1.7, 4.0)
-    assert eul["atom_cut"] == "floor"
+    assert eul["atom_cut"] == "floor" and eul["atom_shape"] == "point"
     eul = resolve(apply_overrides(load(cfg), ["eulerian.atom_width=2.0"]))["eulerian"]
     assert eul["atom_stalled_width"] == 2.0
     with pytest.raises(ConfigError, match="atom_stalled_width"):

@@ -12,7 +12,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 from spherepde import AttentionModel, EulerianSolver
-from spherepde.solvers.atoms import PATCH_SIZE, Atoms, stalled_peaks, unresolved_peaks
+from spherepde.solvers.atoms import PATCH_SIZE, Atoms, sigma_points, stalled_peaks, unresolved_peaks
 from spherepde.solvers.controller import SolverState
 
 PAPER_V = np.diag([-1.0, 1.0, -2.0])
@@ -470,17 +470,19 @@ def test_two_atoms_follow_the_two_atom_softmax_ode(mesh_factory):
     assert 1.7 < order < 2.4, (errors, order)
 
 
-def test_run_with_atoms_conserves_mass_and_creates_them(mesh_factory):
+@pytest.mark.parametrize("shape", ["point", "sigma"])
+def test_run_with_atoms_conserves_mass_and_creates_them(mesh_factory, shape):
     """Projected-normal law, β = 10, paper matrices, nside 8 to t = 4: atoms form at the clusters
     ±e₁, the total mass stays 1 to round-off, min f never drops below its value without atoms'
-    bound (ℓ₀ exp(−∫ sup div v))."""
+    bound (ℓ₀ exp(−∫ sup div v)). The four points of a "sigma" atom collapse with its cluster
+    and merge into one atom per cluster by t = 4."""
     from spherepde.models.initial import ProjectedNormal
 
     mesh = mesh_factory(8)
     model = AttentionModel(PAPER_B, PAPER_V, 10.0)
     law = ProjectedNormal([0.3, 0.2, 0.1], [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]])
     f0 = law.cell_averages(mesh)
-    solver = EulerianSolver(mesh, model, atoms={"capacity": 8})
+    solver = EulerianSolver(mesh, model, atoms={"capacity": 8 if shape == "point" else 32, "shape": shape})
     records = [rec for _, _, _, rec in solver.snapshots(f0, [0.0, 1.0, 2.0, 3.0, 4.0])]
     assert records[-1]["atom_count"] >= 2 and records[-1]["atom_mass_total"] > 0.5
     for rec in records:
@@ -508,9 +510,10 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
 [eulerian]
 nside = 8
 atoms = true
-max_atoms = 8
+max_atoms = {slots}
 velocity_tolerance = {lag}
 atom_stalled_width = {stalled}
+atom_shape = "{shape}"
 
 [time]
 t_end = 4.0
@@ -518,18 +521,20 @@ save_every = 0.5
 """
 
 
-@pytest.mark.parametrize("lag, stalled", [(0.0, 0.0), (1e-3, 0.0), (0.0, 1.7)])
-def test_resume_with_atoms_equals_the_uninterrupted_run(tmp_path, lag, stalled):
+@pytest.mark.parametrize("lag, stalled, shape", [(0.0, 0.0, "point"), (1e-3, 0.0, "point"), (0.0, 1.7, "point"),
+                                                 (1e-3, 1.7, "sigma")])
+def test_resume_with_atoms_equals_the_uninterrupted_run(tmp_path, lag, stalled, shape):
     """Interrupted after 6 snapshots (t ≤ 2.5, atoms alive), --resume restores the atoms from
     the file and ends equal to the uninterrupted run; the file's atom arrays index over time.
-    With the stalled-peak rule the first step after the resume needs the step's f_old and dt."""
+    With the stalled-peak rule the first step after the resume needs the step's f_old and dt;
+    the points of "sigma" atoms are atoms of their own in the file."""
     from run_helpers import ROUND_OFF, interrupt_after, run_difference
 
     from spherepde import open_run
     from spherepde.cli import main
 
     cfg = tmp_path / "atoms.toml"
-    cfg.write_text(ATOM_RUN.format(lag=lag, stalled=stalled))
+    cfg.write_text(ATOM_RUN.format(lag=lag, stalled=stalled, shape=shape, slots=8 if shape == "point" else 32))
     ref, out = tmp_path / "ref.nc", tmp_path / "out.nc"
     assert main(["run", str(cfg), "-o", str(ref)]) == 0
     interrupt_after(cfg, out, 6)
@@ -597,3 +602,70 @@ def test_a_run_records_the_background_share_at_its_atoms(mesh_factory):
     some = alive.any(axis=1)
     np.testing.assert_array_equal(ds["background_share_max"].values[some], np.nanmax(share[some], axis=1))
     assert np.all(np.isnan(ds["background_share_max"].values[~some])) and not some[0]
+
+
+def anisotropic_peak(mesh, centre, sd_major, sd_minor, background=0.1, mass=0.5):
+    """Cell values of background + a normalised bump with chordal s.d. sd_major along a tangent
+    direction and sd_minor across it, at the unit vector `centre`."""
+    c = np.asarray(centre, dtype=float) / np.linalg.norm(centre)
+    e1 = np.cross(c, [0.0, 0.0, 1.0])
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(c, e1)
+    d = mesh.centroids - c
+    bump = np.exp(-((d @ e1) ** 2) / (2 * sd_major**2) - (d @ e2) ** 2 / (2 * sd_minor**2) - (d @ c) ** 2 / (2 * sd_minor**2))
+    return background + mass * bump / (bump.sum() * mesh.area), e1
+
+
+def test_sigma_points_carry_the_direction_and_the_tangential_covariance():
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=(500, 3)) * [0.07, 0.02, 0.01] + [0.2, -0.1, 1.0]
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    w = rng.random(500)
+    w /= w.sum()
+    mean = w @ y
+    c = mean / np.linalg.norm(mean)
+    points = np.array(sigma_points(c, (w[:, None] * y).T @ y))
+    assert points.shape == (4, 3)
+    np.testing.assert_allclose(np.linalg.norm(points, axis=1), 1.0, atol=1e-15)
+    np.testing.assert_allclose(np.cross(points.sum(axis=0), c), 0.0, atol=1e-15)  # the mean direction
+    P = np.eye(3) - np.outer(c, c)
+    tangential = points @ P
+    want = P @ ((w[:, None] * y).T @ y) @ P  # the cloud's covariance about c, computed from the samples
+    np.testing.assert_allclose(tangential.T @ tangential / 4, want, atol=1e-15)
+
+
+def test_a_sigma_atom_keeps_the_peaks_mass_direction_and_covariance(mesh_factory):
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    f, major = anisotropic_peak(mesh, [0.3, 0.9, 0.2], 0.8 * h, 0.3 * h)
+    before = f.copy()
+    atoms = Atoms(mesh, width=1.3, min_mass=1e-3, shape="sigma")
+    assert atoms.create(1.5, f, -np.ones(mesh.npix)) == 1
+    assert atoms.count == 4 and atoms.created_count == 1  # one peak, one atom of four points
+    x, m = atoms.points()
+    taken = (before - f) * mesh.area
+    assert abs(mesh.integrate(f) + m.sum() - mesh.integrate(before)) < 1e-15
+    np.testing.assert_allclose(m, taken.sum() / 4, rtol=1e-14)
+    first = taken @ mesh.centroids
+    c = first / np.linalg.norm(first)
+    np.testing.assert_allclose(np.cross(m @ x, c), 0.0, atol=1e-15)
+    P = np.eye(3) - np.outer(c, c)
+    y = mesh.centroids @ P
+    want = (taken[:, None] * y).T @ y / taken.sum()
+    got = (m[:, None] * (x @ P)).T @ (x @ P) / m.sum()
+    np.testing.assert_allclose(got, want, atol=1e-14)
+    # the long axis of the cloud is the peak's: its first pair lies along `major`
+    assert abs((x[0] - x[1]) @ major) / np.linalg.norm(x[0] - x[1]) > 0.99
+    assert np.all(atoms.created[atoms.alive] == 1.5)
+
+
+def test_a_sigma_atom_without_room_for_its_points_is_one_point(mesh_factory):
+    mesh = mesh_factory(16)
+    h = math.sqrt(mesh.area)
+    f, _ = anisotropic_peak(mesh, [0.3, 0.9, 0.2], 0.8 * h, 0.3 * h)
+    g = f.copy()
+    sigma = Atoms(mesh, capacity=3, width=1.3, min_mass=1e-3, shape="sigma")
+    point = Atoms(mesh, capacity=3, width=1.3, min_mass=1e-3)
+    assert sigma.create(1.5, f, -np.ones(mesh.npix)) == point.create(1.5, g, -np.ones(mesh.npix)) == 1
+    np.testing.assert_array_equal(sigma.positions, point.positions)
+    np.testing.assert_array_equal(f, g)
