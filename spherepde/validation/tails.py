@@ -463,6 +463,9 @@ RUN_FILE_VARIANT = "tails from log f, coupling every 0.2 (saves every 0.2), sphe
 RUN_FILE_ANCHORED = "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, spherepde run"
 # and with the composed maps between anchors, from a run file of solvers/sweeps/tails_maps.toml
 RUN_FILE_MAPS = "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, composed maps, spherepde run"
+# and with atoms that keep their cluster's spread and a cut that keeps the tail beside them, from a run
+# file of solvers/sweeps/tails_sigma.toml (`atom_shape = "sigma"`, `atom_cut = "tail"`)
+RUN_FILE_SIGMA = RUN_FILE_MAPS.replace(", spherepde run", ", sigma atoms, tail cut, spherepde run")
 # g interpolated at every coupling (LogTails(anchor=0)), as before the anchors: the variants measured then
 EVERY_COUPLING = {"anchor": 0.0, "path_step": None}
 HYBRID_VARIANTS = {
@@ -474,6 +477,18 @@ HYBRID_VARIANTS = {
     RUN_FILE_ANCHORED: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1},
     RUN_FILE_MAPS: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1,
                     "paths": "maps"},
+    RUN_FILE_SIGMA: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1,
+                     "paths": "maps", "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128}},
+    # how a new atom is made (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma):
+    # its patch keeps the e^{linear} fit of its outer ring (`atom_cut = "tail"`), and/or it is four points
+    # with the cluster's covariance (`atom_shape = "sigma"`; 128 slots, four per atom until they merge)
+    "tails from log f, coupling every 0.2 (saves every 0.2), tail cut":
+        {"interval": 0.2, "save_every": 0.2, "atoms": {"cut": "tail"}, **EVERY_COUPLING},
+    "tails from log f, coupling every 0.2 (saves every 0.2), sigma atoms":
+        {"interval": 0.2, "save_every": 0.2, "atoms": {"shape": "sigma", "capacity": 128}, **EVERY_COUPLING},
+    "tails from log f, coupling every 0.2 (saves every 0.2), sigma atoms, tail cut":
+        {"interval": 0.2, "save_every": 0.2, "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128},
+         **EVERY_COUPLING},
     # where the kernel is narrower than a cell (β = 1000 at nside ≤ 32): f constant in the near cells
     # at the atoms, as before the log-linear profile (docs/numerics.md#near-field-in-the-tails-near_field_profile)
     "tails from log f, coupling every 0.2 (saves every 0.2), f constant in the near cells":
@@ -593,11 +608,24 @@ def hybrid_series_of_run(path, partial=False):
                 "partial": not complete}
 
 
+def run_file_variant(eul):
+    """The HYBRID_VARIANTS name of a run file's [eulerian] settings (import_runs), None where no
+    variant holds them."""
+    variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
+               RUN_FILE_MAPS if eul.get("tail_paths", "retrace") == "maps" else RUN_FILE_ANCHORED)
+    made = (eul.get("atom_shape", "point"), eul.get("atom_cut", "floor"))
+    if made == ("point", "floor"):
+        return variant
+    return RUN_FILE_SIGMA if made == ("sigma", "tail") and variant == RUN_FILE_MAPS else None
+
+
 def import_runs(runs, cache, partial=False):
     """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml,
-    tails_anchored.toml, tails_maps.toml) as the cached JSON of RUN_FILE_VARIANT (g interpolated at
-    every coupling), RUN_FILE_ANCHORED (`tail_anchor` > 0) or RUN_FILE_MAPS (and `tail_paths =
-    "maps"`) for its law, nside and β (not replacing one already kept, unless that one was partial);
+    tails_anchored.toml, tails_maps.toml, tails_sigma.toml) as the cached JSON of RUN_FILE_VARIANT (g
+    interpolated at every coupling), RUN_FILE_ANCHORED (`tail_anchor` > 0), RUN_FILE_MAPS (and
+    `tail_paths = "maps"`) or RUN_FILE_SIGMA (and `atom_shape = "sigma"`, `atom_cut = "tail"`; other
+    atoms than the default points cut at the floor are not kept) for its law, nside and β (not
+    replacing one already kept, unless that one was partial);
     partial: unfinished runs too, as far as they got (the report then says where they end: the
     F-onset and the maximum of the alignment with E are final once past, the rest is not). The
     paths imported."""
@@ -613,8 +641,9 @@ def import_runs(runs, cache, partial=False):
             config = json.loads(ds.attrs["config"])
         law = LAW_KINDS[config["initial"]["kind"]]
         eul = config["eulerian"]
-        variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
-                   RUN_FILE_MAPS if eul.get("tail_paths", "retrace") == "maps" else RUN_FILE_ANCHORED)
+        variant = run_file_variant(eul)
+        if variant is None:
+            continue
         key = hybrid_key(cache, config["eulerian"]["nside"], float(config["model"]["beta"]), variant, law)
         if not key.exists() or json.loads(key.read_text()).get("partial", False):
             key.write_text(json.dumps(hybrid_series_of_run(path, partial=partial)))

@@ -2,6 +2,7 @@
 
 import json
 import math
+import tomllib
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from spherepde.analysis.exact import zero_temperature_density
 from spherepde.models.attention import AttentionModel
 from spherepde.models.initial import Uniform
+from spherepde.runner.config import resolve
 from spherepde.validation import tails
 from spherepde.validation.common import REPO
 
@@ -161,6 +163,22 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     assert json.loads(key.read_text())["partial"] is True
     assert tails.import_runs(maps, fresh) == [maps / "tails-0000.nc"]
     assert json.loads(key.read_text())["partial"] is False and tails.import_runs(maps, fresh) == []
+
+
+def test_a_run_file_is_kept_as_the_variant_of_its_settings():
+    """The settings of the tails sweeps map to their variants; atoms other than points cut at the
+    floor only in the sigma sweep's combination (tails_sigma.toml), others to none."""
+    sweeps = REPO / "solvers" / "sweeps"
+    for name, variant in [("tails_convergence", tails.RUN_FILE_VARIANT), ("tails_anchored", tails.RUN_FILE_ANCHORED),
+                          ("tails_maps", tails.RUN_FILE_MAPS), ("tails_sigma", tails.RUN_FILE_SIGMA)]:
+        base = tomllib.loads((sweeps / f"{name}.toml").read_text())["base"]
+        eul = resolve({"model": base["model"], "eulerian": base["eulerian"], "time": base["time"]})["eulerian"]
+        assert tails.run_file_variant(eul) == variant, name
+    maps = {"tail_anchor": 1.0, "tail_paths": "maps"}
+    assert tails.run_file_variant({**maps, "atom_shape": "sigma", "atom_cut": "floor"}) is None
+    assert tails.run_file_variant({**maps, "atom_shape": "point", "atom_cut": "tail"}) is None
+    assert tails.run_file_variant({"tail_anchor": 0.0, "atom_shape": "sigma", "atom_cut": "tail"}) is None
+    assert tails.run_file_variant({}) == tails.RUN_FILE_VARIANT  # a file from before these keys
 
 
 def test_hybrid_variants_hand_their_solver_options_to_the_solver():
