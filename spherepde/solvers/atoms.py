@@ -23,6 +23,10 @@ Klein 2004; Federrath et al. 2010), designed here for the mean-field equation:
   for a Gaussian peak of standard deviation h/2 per axis, 1.36 h for h and 1.61 h for a peak much
   wider than the patch (a paraboloid above its floor), so `width` ≈ 1.3 makes the atom when the
   peak stops being resolved, before it becomes a one-cell spike (docs/theory.md#what-a-mesh-can-represent).
+  With shape "sigma" (default "point") the excess becomes four atoms of equal mass that carry its
+  tangential covariance (sigma_points): they move with the field averaged over the collapsing
+  cluster, where one point moves with the field at its centre, and merge as the flow collapses
+  them (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma).
   Stalled peaks (`stalled_width` > 0; 1.7 by default, 0: off): a peak of width up to
   `stalled_width` whose maximum stopped following the compression,
   (log f_c^{n+1} − log f_c^n)/dt < ½(−div v_c), is unresolved as well (stalled_peaks): the
@@ -249,7 +253,9 @@ class Atoms:
     density); merge: merge distance in cell sizes (chordal); feeding: feed atoms after each step
     (Atoms.feed); stalled_width: the stalled-peak rule's width limit in cell sizes (0: off);
     join: a stalled peak this close (cell sizes, chordal) to a heavier atom joins it (0: off);
-    cut: what a new atom's patch keeps ("floor" or "tail", Atoms._background).
+    cut: what a new atom's patch keeps ("floor" or "tail", Atoms._background); shape: a new atom is one
+    point ("point") or four that carry its covariance ("sigma", sigma_points; one point when fewer than
+    four slots are free).
     State: positions (capacity, 3) (NaN in unused slots), masses (capacity,) (0: no atom),
     created (capacity,) creation times (NaN: never used); counters created_count, merged_count,
     refused_count.
