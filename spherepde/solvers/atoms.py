@@ -446,7 +446,8 @@ class Atoms:
 
     def _split(self, f, cand):
         """The extraction of the candidates cand from f, all at once: (cells, new values, mass
-        (per candidate), first moment (per candidate, 3), exclusive) (_ownership); a cell keeps
+        (per candidate), first moment (per candidate, 3), second moment Σ e_j y_j y_jᵀ (per
+        candidate, 3 × 3; None unless the shape is "sigma"), exclusive) (_ownership); a cell keeps
         the least of what its owners leave it (_background)."""
         cells, owners, shares, exclusive = self._ownership(f, cand)
         old = f[cells]
@@ -455,15 +456,15 @@ class Atoms:
         excess = (old - new) * self.mesh.area
         mass = np.zeros(cand.size)
         moment = np.zeros((cand.size, 3))
-        second = np.zeros((cand.size, 3, 3))
+        second = np.zeros((cand.size, 3, 3)) if self.shape == "sigma" else None
         for j, held in enumerate(owners):
             y = self.mesh.centroids[cells[j]]
             for i in held:
                 mass[i] += shares[j] * excess[j]
                 moment[i] += shares[j] * excess[j] * y
-                second[i] += shares[j] * excess[j] * np.outer(y, y)
-        self._second = second  # per candidate Σ e_j y_j y_jᵀ (for the "sigma" shape)
-        return cells, new, mass, moment, exclusive
+                if second is not None:
+                    second[i] += shares[j] * excess[j] * np.outer(y, y)
+        return cells, new, mass, moment, second, exclusive
 
     def create(self, t, f, divergence, f_old=None, dt=None) -> int:
         """Turn the unresolved peaks of f into atoms (or feed them to an atom whose cell is in
@@ -504,7 +505,7 @@ class Atoms:
             if cand.size == 0:
                 return 0
             split = self._split(f, cand)
-        cells, new, mass, moment, exclusive = split
+        cells, new, mass, moment, second, exclusive = split
         f[cells] = new
         joined = {}  # slot → (mass, first moment) of the peaks joining it, summed before one normalisation
         for i, k in enumerate(owner):
@@ -519,7 +520,7 @@ class Atoms:
                 centre = self._centre[cand[i]] if exclusive[i] and self.cut == "floor" else _unit(moment[i])
                 points = [centre]
                 if self.shape == "sigma":
-                    points = sigma_points(centre, self._second[i] / mass[i])
+                    points = sigma_points(centre, second[i] / mass[i])
                     extra = [free.pop(0) for _ in range(min(len(points) - 1, len(free)))]
                     if len(extra) < len(points) - 1:  # no room for the cloud: one point, as "point"
                         free[:0] = extra
