@@ -45,12 +45,13 @@ A config has the sections
                    becomes an atom), atom_join (default 4; 0: off; at most 8: a stalled peak within
                    this many cell sizes of a heavier atom joins it instead of making a new atom);
                    both default to 0 below nside 8, whose cells are too wide for the rule;
-                   atom_cut ("floor" (default): a new atom's patch keeps min(f, its outer ring's
-                   least f); "tail": min(f, the e^{linear} fit of its outer ring), which leaves a
-                   steep background in place where the floor cuts a notch); atom_shape ("point"
-                   (default): a new atom is one point mass; "sigma": four points of equal mass
-                   with the peak's centre and tangential covariance, which move with the field
-                   averaged over the collapsing cluster and merge as it collapses); tails ("finite_volume"
+                   atom_cut ("floor": a new atom's patch keeps min(f, its outer ring's least f);
+                   "tail": min(f, the e^{linear} fit of its outer ring), which leaves a steep
+                   background in place where the floor cuts a notch; default "tail" with
+                   tails = "log", else "floor"); atom_shape ("point": a new atom is one point mass;
+                   "sigma": four points of equal mass with the peak's centre and tangential
+                   covariance, which move with the field averaged over the collapsing cluster and
+                   merge as it collapses; default "sigma" with tails = "log", else "point"); tails ("finite_volume"
                    (default) | "log": the tails of f from log f carried along characteristics,
                    spherepde.solvers.tails; needs atoms, one head, no layers, no noise) with
                    tail_interval (longest time between couplings, default 0.2, (0, 1]; the save
@@ -113,7 +114,7 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, TAIL_PATHS, TAIL_PATHS_DEFAULT
+from ..solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, TAIL_PATHS
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -132,14 +133,18 @@ DEFAULTS = {
               "heads": None, "layers": None},
     "initial": {"kind": "uniform"},
     # velocity_tolerance 1e-3: the answers (F-onset, max alignment, min W₂, atom masses) stay
-    # within 1e-3 of exact velocities at every stage, at a fraction of the time (docs/performance.md)
+    # within 1e-3 of exact velocities at every stage, at a fraction of the time (docs/performance.md).
+    # With tails = "log": the composed maps between anchors (1.03x the cost of interpolating g at
+    # every coupling, where retracing costs 1.45x and more with the mesh), sigma atoms and the tail
+    # cut (atom_shape, atom_cut: None resolves to them), the set whose F-onset converges at β = 30
+    # (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma)
     "eulerian": {"enabled": True, "nside": 16, "scheme": "muscl", "cfl": 0.5, "rk_order": 2, "summation": "auto",
                  "tolerance": 1e-10, "near_field": True, "velocity_tolerance": 1e-3,
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
-                 "atom_cut": "floor", "atom_shape": "point", "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
+                 "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": TAIL_PATHS_DEFAULT, "tail_substeps": 1,
+                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1,
                  "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
@@ -679,12 +684,19 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
                           f"default below nside {STALLED_RULE_MIN_NSIDE})")
     if not isinstance(eul["atom_feeding"], bool):
         raise ConfigError(f"[eulerian] atom_feeding: must be true or false, got {eul['atom_feeding']!r}")
+    if eul["tails"] not in TAIL_KINDS:
+        raise ConfigError(f'[eulerian] tails: must be "finite_volume" or "log", got {eul["tails"]!r}')
+    # with the tails from log f the background beside a cluster steers the F-phase: a new atom keeps
+    # its cluster's spread and leaves that background in place, which is what makes the F-onset
+    # converge with the mesh (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma)
+    if eul["atom_cut"] is None:
+        eul["atom_cut"] = "tail" if eul["tails"] == "log" else "floor"
+    if eul["atom_shape"] is None:
+        eul["atom_shape"] = "sigma" if eul["tails"] == "log" else "point"
     if eul["atom_cut"] not in ATOM_CUTS:
         raise ConfigError(f'[eulerian] atom_cut: must be "floor" or "tail", got {eul["atom_cut"]!r}')
     if eul["atom_shape"] not in ATOM_SHAPES:
         raise ConfigError(f'[eulerian] atom_shape: must be "point" or "sigma", got {eul["atom_shape"]!r}')
-    if eul["tails"] not in TAIL_KINDS:
-        raise ConfigError(f'[eulerian] tails: must be "finite_volume" or "log", got {eul["tails"]!r}')
     eul["tail_interval"] = _number("eulerian", "tail_interval", eul["tail_interval"], positive=True, high=1.0)
     eul["tail_level"] = _number("eulerian", "tail_level", eul["tail_level"], positive=True, high=1.0)
     if eul["tail_level"] >= 1.0:

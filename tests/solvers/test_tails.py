@@ -381,6 +381,20 @@ def test_config_resolves_the_near_field_profile():
         resolve({**base, "eulerian": {"near_field_profile": "quadratic"}})
 
 
+def test_config_makes_atoms_for_the_tails_when_they_are_on():
+    """With tails = "log" a new atom keeps its cluster's spread and the tail beside it (sigma, tail
+    cut), as the F-onset's convergence at β = 30 was measured; with the finite volumes' tails the
+    atoms stay points cut at the floor; a value given is kept either way."""
+    base = {"model": {"beta": 1.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
+    on = resolve({**base, "eulerian": {"tails": "log"}})["eulerian"]
+    assert (on["atom_shape"], on["atom_cut"], on["tail_paths"]) == ("sigma", "tail", "maps")
+    off = resolve(base)["eulerian"]
+    assert (off["atom_shape"], off["atom_cut"]) == ("point", "floor")
+    given = resolve({**base, "eulerian": {"tails": "log", "atom_shape": "point", "atom_cut": "floor"}})["eulerian"]
+    assert (given["atom_shape"], given["atom_cut"]) == ("point", "floor")
+    assert resolve({**base, "eulerian": {"atom_shape": "sigma"}})["eulerian"]["atom_shape"] == "sigma"
+
+
 def test_paths_from_the_start_interpolate_g_once():
     """LogTails(paths="start") at β = ∞ (the field is the same for every state): g at t = 4 is the
     semi-Lagrangian step from t = 0 in one go (20 RK4 steps of 0.2, one interpolation), and is

@@ -133,15 +133,15 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     # a run with anchors (tail_anchor > 0: tails_anchored.toml) is kept as the anchored variant
     anchored = tmp_path / "anchored"
     anchored.mkdir()
-    cfg.write_text(cfg.read_text().replace("tail_anchor = 0.0", "tail_anchor = 1.0").replace("tail_path_step = 1.0",
-                                                                                             "tail_path_step = 0.1"))
+    cfg.write_text(cfg.read_text().replace("tail_anchor = 0.0", "tail_anchor = 1.0").replace(
+        "tail_path_step = 1.0", 'tail_path_step = 0.1\ntail_paths = "retrace"'))
     assert main(["run", str(cfg), "-o", str(anchored / "tails-0000.nc")]) == 0
     assert tails.import_runs(anchored, cache) == [anchored / "tails-0000.nc"]
     assert tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_ANCHORED, "projected normal").is_file()
     # and one with the composed maps (tails_maps.toml) as the maps' variant
     maps = tmp_path / "maps"
     maps.mkdir()
-    cfg.write_text(cfg.read_text().replace("tail_path_step = 0.1", 'tail_path_step = 0.1\ntail_paths = "maps"'))
+    cfg.write_text(cfg.read_text().replace('tail_paths = "retrace"', 'tail_paths = "maps"'))
     assert main(["run", str(cfg), "-o", str(maps / "tails-0000.nc")]) == 0
     assert tails.import_runs(maps, cache) == [maps / "tails-0000.nc"]
     assert tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_MAPS, "projected normal").is_file()
