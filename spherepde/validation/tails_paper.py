@@ -4,12 +4,14 @@ metrics), with the differences between successive meshes and their observed orde
 p = log₂(|d_coarse| / |d_fine|).
 
 The run files are those of `spherepde sweep` with `[eulerian] tails = "log"`
-(solvers/sweeps/tails_paper.toml, tails_convergence.toml, tails_beta1000.toml): complete files
-only, grouped by β, `[initial] kind` and nside; where two files give the same group the one that
-runs longer is kept. Writes validation/reports/tails/paper.md:
+(solvers/sweeps/tails_sigma.toml and tails_paper_sigma.toml with the solver's defaults;
+tails_paper.toml, tails_convergence.toml, tails_beta1000.toml with the atoms and paths of before):
+complete files only (with --partial, unfinished ones too, as far as they got), grouped by β,
+`[initial] kind`, the settings that shape the answer (how atoms are made, how g's paths are
+taken: `settings_label`) and nside; where two files give the same group the one that runs
+longer is kept. Writes validation/reports/tails/paper.md:
 
-    python -m spherepde.validation.tails_paper --runs results/tails_paper results/tails_convergence \
-        results/tails_beta1000
+    python -m spherepde.validation.tails_paper --runs results/tails_sigma results/tails_paper_sigma --partial
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..analysis.metrics import f_phase_onset, max_alignment, u_curve_minimum
 from ..storage.runfile import open_run
 from .common import REPO, beta_text
 
-__all__ = ["paper_metrics", "collect_runs", "differences", "paper_report"]
+__all__ = ["paper_metrics", "settings_label", "collect_runs", "differences", "paper_report"]
 
 LAW_NAMES = {"projected_normal": "projected normal", "vmf": "von Mises–Fisher"}  # [initial] kind → row label
 
@@ -37,21 +39,38 @@ def paper_metrics(ds):
             "t_end": float(ds["time"].values[-1])}
 
 
-def collect_runs(folders):
-    """{(β, law kind, nside): metrics} of the complete run files with tails from log f in the
-    folders (a sweep's run ids <name>-<index:04d>.nc; a file being written, with its .lock, is
-    skipped); the longer run where two give the same key."""
+def settings_label(eul):
+    """The [eulerian] settings of a tails run that shape the answer, in words: how a new atom is
+    made (`atom_shape`, `atom_cut`) and how g reaches a coupling (`tail_anchor`, `tail_paths`).
+    Keys a file lacks take the value such a file implies (spherepde.runner.config.ADDED_KEYS)."""
+    atoms = f"{eul.get('atom_shape', 'point')} atoms, {eul.get('atom_cut', 'floor')} cut"
+    anchor = float(eul.get("tail_anchor", 0.0))
+    if anchor == 0.0:
+        return f"{atoms}, g interpolated at every coupling"
+    paths = "composed maps" if eul.get("tail_paths", "retrace") == "maps" else "retraced paths"
+    return f"{atoms}, anchors every {anchor:g} with {paths}"
+
+
+def collect_runs(folders, partial=False):
+    """{(β, law kind, settings_label, nside): metrics} of the complete run files with tails from
+    log f in the folders (a sweep's run ids <name>-<index:04d>.nc; a file being written, with its
+    .lock, is skipped); partial: unfinished files too, as far as they got (metrics["partial"]);
+    the longer run where two give the same key."""
     found = {}
     for folder in folders:
         for path in sorted(Path(folder).glob("*-[0-9][0-9][0-9][0-9].nc")):
-            if Path(f"{path}.lock").exists():
+            if Path(f"{path}.lock").exists() and not partial:
                 continue
             with open_run(path) as ds:
-                if int(ds.attrs.get("complete", 0)) != 1 or ds.attrs.get("tails") != "log":
+                complete = int(ds.attrs.get("complete", 0)) == 1
+                if (not complete and not partial) or ds.attrs.get("tails") != "log":
+                    continue
+                if ds.sizes["time"] < 2:
                     continue
                 config = json.loads(ds.attrs["config"])
-                metrics = dict(paper_metrics(ds), path=str(path))
-            key = (float(config["model"]["beta"]), config["initial"]["kind"], int(config["eulerian"]["nside"]))
+                metrics = dict(paper_metrics(ds), path=str(path), partial=not complete)
+            eul = config["eulerian"]
+            key = (float(config["model"]["beta"]), config["initial"]["kind"], settings_label(eul), int(eul["nside"]))
             if key not in found or metrics["t_end"] > found[key]["t_end"]:
                 found[key] = metrics
     return found
@@ -70,19 +89,21 @@ def _fmt(x, digits=2):
     return "none" if not math.isfinite(x) else f"{x:.{digits}f}"
 
 
-def paper_report(folders, out=None, say=print):
-    """OUT/paper.md (default validation/reports/tails/): one table per β and law (module docstring)."""
+def paper_report(folders, out=None, partial=False, say=print):
+    """OUT/paper.md (default validation/reports/tails/): one table per β, law and settings
+    (module docstring); partial: unfinished runs too, their t_end marked."""
     out = Path(out) if out else REPO / "validation" / "reports" / "tails"
-    runs = collect_runs(folders)
+    runs = collect_runs(folders, partial=partial)
     lines = []
-    for beta, kind in sorted({k[:2] for k in runs}):
-        nsides = sorted(n for b, k, n in runs if (b, k) == (beta, kind))
-        rows = [runs[(beta, kind, n)] for n in nsides]
+    for beta, kind, settings in sorted({k[:3] for k in runs}):
+        nsides = sorted(n for b, k, s, n in runs if (b, k, s) == (beta, kind, settings))
+        rows = [runs[(beta, kind, settings, n)] for n in nsides]
         t_end = min(r["t_end"] for r in rows)
-        lines += [f"## β = {beta_text(beta)}, {LAW_NAMES.get(kind, kind)}", "",
+        lines += [f"## β = {beta_text(beta)}, {LAW_NAMES.get(kind, kind)}: {settings}", "",
                   "| nside | F-onset | max alignment with E (t) | min W₂(ρ_t, Π#ρ₀) (t) | t_end |", "|---|---|---|---|---|"]
         lines += [f"| {n} | {_fmt(r['onset'])} | {r['max_E']:.4f} ({r['t_max_E']:g}) | {r['w2_min']:.4f} "
-                  f"({r['t_w2_min']:g}) | {r['t_end']:g} |" for n, r in zip(nsides, rows)]
+                  f"({r['t_w2_min']:g}) | {r['t_end']:g}{' (unfinished)' if r['partial'] else ''} |"
+                  for n, r in zip(nsides, rows)]
         for name, digits in (("onset", 2), ("max_E", 4), ("w2_min", 4)):
             d, p = differences([r[name] for r in rows])
             if d:
@@ -91,18 +112,19 @@ def paper_report(folders, out=None, say=print):
         if any(math.isnan(r["onset"]) for r in rows):
             lines.append(f"\nnone: no F-onset by the run's end (t ≤ {t_end:g}).")
         lines.append("")
+    command = f"python -m spherepde.validation.tails_paper --runs {' '.join(map(str, folders))}"
     path = out / "paper.md"
     path.write_text(
         "# The paper's question in the mean field with the tails from log f\n\n"
-        f"`python -m spherepde.validation.tails_paper --runs {' '.join(map(str, folders))}` "
-        f"({time.strftime('%Y-%m-%d')}). The paper's matrices and the laws of `solvers/paper_beta.toml`, "
-        "`[eulerian] tails = \"log\"` as the sweeps set it (couplings every 0.2, saves every 0.2, log-linear near "
-        "field at the atoms where the sweep does not pin \"constant\", g interpolated at every coupling: "
-        "`tail_anchor = 0`, as they were started before the anchors, docs/numerics.md#anchors-g-interpolated-every-10), "
-        "from the complete run files of the sweeps named. Differences are between "
-        "successive meshes (finer − coarser), orders log₂ of the ratio of successive differences. The metrics "
-        "are those of the paper report (spherepde.analysis.metrics); what they mean for the mean field and the "
-        "finite-n systems: docs/theory.md#tails-at-large-β.\n\n" + "\n".join(lines))
+        f"`{command}{' --partial' if partial else ''}` ({time.strftime('%Y-%m-%d')}). The paper's matrices and "
+        "the laws of `solvers/paper_beta.toml`, `[eulerian] tails = \"log\"` with couplings every 0.2 and saves "
+        "every 0.2, from the run files of the sweeps named; each table heads the settings its runs share: how a "
+        "new atom is made (`atom_shape`, `atom_cut`) and how g reaches a coupling (`tail_anchor`, `tail_paths`; "
+        "docs/numerics.md). \"unfinished\": a run kept as far as it got (--partial): its F-onset and maximum "
+        "alignment with E are final once past, the W₂ bottom is final when its t is well before t_end. "
+        "Differences are between successive meshes (finer − coarser), orders log₂ of the ratio of successive "
+        "differences. The metrics are those of the paper report (spherepde.analysis.metrics); what they mean "
+        "for the mean field and the finite-n systems: docs/theory.md#tails-at-large-β.\n\n" + "\n".join(lines))
     say(f"wrote {path} ({len(runs)} runs)")
     return path
 
@@ -110,9 +132,10 @@ def paper_report(folders, out=None, say=print):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", required=True, help="folders of sweep run files")
+    parser.add_argument("--partial", action="store_true", help="unfinished runs too, as far as they got")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    paper_report(args.runs, args.out)
+    paper_report(args.runs, args.out, partial=args.partial)
 
 
 if __name__ == "__main__":

@@ -40,11 +40,29 @@ def test_report_groups_complete_tails_runs_and_keeps_the_longer(tmp_path):
         assert main(["run", str(cfg), "-o", str(folder / f"{name}.nc")]) == 0
     (folder / "a.nc").write_bytes(b"a sweep's combined file")  # not a run id: never read
     runs = tails_paper.collect_runs([folder])
-    assert sorted(runs) == [(30.0, "vmf", 4), (30.0, "vmf", 8)]
-    assert runs[(30.0, "vmf", 4)]["t_end"] == 1.5
+    label = "sigma atoms, tail cut, anchors every 1 with composed maps"  # the defaults with tails = "log"
+    assert sorted(runs) == [(30.0, "vmf", label, 4), (30.0, "vmf", label, 8)]
+    assert runs[(30.0, "vmf", label, 4)]["t_end"] == 1.5
     with open_run(folder / "a-0001.nc") as ds:
-        assert runs[(30.0, "vmf", 8)]["max_E"] == tails_paper.paper_metrics(ds)["max_E"]
+        assert runs[(30.0, "vmf", label, 8)]["max_E"] == tails_paper.paper_metrics(ds)["max_E"]
     path = tails_paper.paper_report([folder], out=tmp_path, say=lambda *_: None)
     text = path.read_text()
-    assert "## β = 30, von Mises–Fisher" in text and "| 4 |" in text and "| 8 |" in text
-    assert "max_E: differences" in text
+    assert f"## β = 30, von Mises–Fisher: {label}" in text and "| 4 |" in text and "| 8 |" in text
+    assert "max_E: differences" in text and "unfinished" not in text.split("## ")[1]
+    # an unfinished run is kept only when asked, and marked
+    import netCDF4
+
+    with netCDF4.Dataset(folder / "a-0001.nc", "a") as nc:
+        nc.setncattr("complete", 0)
+    assert sorted(tails_paper.collect_runs([folder])) == [(30.0, "vmf", label, 4)]
+    assert tails_paper.collect_runs([folder], partial=True)[(30.0, "vmf", label, 8)]["partial"] is True
+    text = tails_paper.paper_report([folder], out=tmp_path, partial=True, say=lambda *_: None).read_text()
+    assert "| 1 (unfinished) |" in text and "--partial" in text
+
+
+def test_settings_label_separates_how_atoms_and_paths_were_made():
+    """Runs made with other atoms or paths go to tables of their own; a file without the keys reads
+    as the values such a file implies (points cut at the floor, g at every coupling)."""
+    assert tails_paper.settings_label({}) == "point atoms, floor cut, g interpolated at every coupling"
+    assert tails_paper.settings_label({"atom_shape": "sigma", "atom_cut": "tail", "tail_anchor": 1.0,
+                                       "tail_paths": "retrace"}) == "sigma atoms, tail cut, anchors every 1 with retraced paths"
