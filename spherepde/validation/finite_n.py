@@ -275,18 +275,24 @@ def tails_mean_field(law, beta, cache=TAILS_RUNS):
     """[(quantity, method label, value, source)] of the finest mesh with the tails from log f
     (couplings every 0.2) kept for this law and β in the tails report's cached runs
     (validation/reports/tails/hybrid_runs, spherepde.validation.tails.hybrid_report): F-onset and
-    max alignment with E; [] where none is kept."""
-    from .tails import LAW_KINDS, RUN_FILE_VARIANT, hybrid_key, hybrid_summary
+    max alignment with E; [] where none is kept. The solver's defaults first (sigma atoms, tail
+    cut, composed maps: the runs of solvers/sweeps/tails_sigma.toml), then points cut at the floor;
+    an unfinished run only where its F-onset is already past."""
+    from .tails import LAW_KINDS, RUN_FILE_SIGMA, RUN_FILE_VARIANT, hybrid_key, hybrid_summary
 
     name = LAW_KINDS[law]
-    variants = (RUN_FILE_VARIANT, "tails from log f, coupling every 0.2 (saves every 0.2)")
-    for nside in (128, 64, 32, 16, 8):
-        for variant in variants:
+    variants = {RUN_FILE_SIGMA: "sigma atoms, tail cut", RUN_FILE_VARIANT: "point atoms",
+                "tails from log f, coupling every 0.2 (saves every 0.2)": "point atoms"}
+    for variant, atoms in variants.items():
+        for nside in (128, 64, 32, 16, 8):
             key = hybrid_key(cache, nside, float(beta), variant, name)
             if key.is_file():
-                rows = json.loads(key.read_text())["rows"]
+                kept = json.loads(key.read_text())
+                rows = kept["rows"]
                 s = hybrid_summary(rows)
-                label = f"Eulerian + tails from log f, nside {nside}, t ≤ {rows[-1]['t']:g}"
+                if kept.get("partial", False) and not math.isfinite(s["onset"]):
+                    continue  # stopped before its onset: a coarser mesh that got there says more
+                label = f"Eulerian + tails from log f ({atoms}), nside {nside}, t ≤ {rows[-1]['t']:g}"
                 report = TAILS_REPORT if float(beta) == 30.0 else TAILS_REPORT.with_name(f"hybrid_beta{beta:g}.md")
                 source = report.relative_to(REPO) if Path(cache) == TAILS_RUNS else Path(cache)
                 onset = s["onset"] if math.isfinite(s["onset"]) else None

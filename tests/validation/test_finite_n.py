@@ -186,9 +186,11 @@ def test_cell_summary_round_trip_keeps_missing_onsets_and_refuses_another_config
 
 def test_the_tails_mean_field_is_the_finest_mesh_kept(tmp_path):
     """The tails report's cached runs: the finest nside kept for the law and β, its F-onset and
-    max alignment with E as hybrid_summary gives them, first in the list; none for another β."""
+    max alignment with E as hybrid_summary gives them, first in the list; none for another β; the
+    runs with the solver's defaults before the others."""
     import json
 
+    from spherepde.validation import tails
     from spherepde.validation.tails import hybrid_key, hybrid_summary
 
     times = np.round(np.arange(0.0, 20.01, 0.2), 12)
@@ -201,6 +203,15 @@ def test_the_tails_mean_field_is_the_finest_mesh_kept(tmp_path):
         key.write_text(json.dumps({"rows": shifted, "wall": 1.0}))
     got = finite_n.mean_field_values("vmf", 30.0, reports=(), tails_cache=tmp_path)
     expected = hybrid_summary([dict(r, F=float(1 / (1 + np.exp(-(r["t"] - 11.4))))) for r in rows])
-    assert got["onset"] == [("Eulerian + tails from log f, nside 32, t ≤ 20", expected["onset"], tmp_path)]
+    assert got["onset"] == [("Eulerian + tails from log f (point atoms), nside 32, t ≤ 20", expected["onset"], tmp_path)]
     assert got["max_E"][0][1] == expected["e_max"] and np.isfinite(expected["onset"])
     assert finite_n.mean_field_values("vmf", 10.0, reports=(), tails_cache=tmp_path)["onset"] == []
+    # the defaults' runs (sigma atoms, tail cut) come first, even on a coarser mesh; an unfinished
+    # one only where its onset is past
+    sigma = hybrid_key(tmp_path, 16, 30.0, tails.RUN_FILE_SIGMA, "von Mises–Fisher")
+    sigma.write_text(json.dumps({"rows": rows, "wall": 1.0}))
+    unfinished = hybrid_key(tmp_path, 64, 30.0, tails.RUN_FILE_SIGMA, "von Mises–Fisher")
+    unfinished.write_text(json.dumps({"rows": rows[:50], "wall": 1.0, "partial": True}))  # to t = 9.8, before 11
+    got = finite_n.mean_field_values("vmf", 30.0, reports=(), tails_cache=tmp_path)
+    assert got["onset"] == [("Eulerian + tails from log f (sigma atoms, tail cut), nside 16, t ≤ 20",
+                             hybrid_summary(rows)["onset"], tmp_path)]
