@@ -103,12 +103,14 @@ def tail_errors(mesh, f_mesh, f_exact, level=TAIL_LEVEL) -> dict:
 
 def zero_temperature_run(nside, scheme="muscl", times=TIMES, atoms=True, **options):
     """{t: tail_errors} of the Eulerian solver at β = ∞ from the uniform law (module docstring),
-    and the wall time. atoms: the solver's default atoms, or none; options: EulerianSolver's
-    (tails={}: the tails from log f, spherepde.solvers.tails)."""
+    and the wall time. atoms: True (the solver's default atoms), False (none) or Atoms options
+    (e.g. {"shape": "sigma", "cut": "tail"}); options: EulerianSolver's (tails={}: the tails from
+    log f, spherepde.solvers.tails)."""
     mesh = HealpixMesh(nside)
     model = AttentionModel(PAPER_B, PAPER_V, math.inf)
     law = Uniform()
-    solver = EulerianSolver(mesh, model, scheme=scheme, atoms={} if atoms else None, **options)
+    atom_options = dict(atoms) if isinstance(atoms, dict) else {} if atoms else None
+    solver = EulerianSolver(mesh, model, scheme=scheme, atoms=atom_options, **options)
     all_times = [0.0, *times]
     start = time.perf_counter()
     out = {}
@@ -202,7 +204,13 @@ STATES = {"muscl": {"scheme": "muscl"}, "log_muscl": {"scheme": "log_muscl"},
           # as before the anchors (docs/numerics.md#anchors-g-interpolated-every-10)
           "the same, g interpolated at every coupling": {"scheme": "muscl", "tails": {"anchor": 0.0, "path_step": None}},
           # the paths between anchors composed, not retraced (docs/numerics.md#composed-maps-tail_paths--maps)
-          "the same, composed maps between anchors": {"scheme": "muscl", "tails": {"paths": "maps"}}}
+          "the same, composed maps between anchors": {"scheme": "muscl", "tails": {"paths": "maps"}},
+          # what `tails = "log"` runs by default: and sigma atoms with the tail cut
+          # (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma)
+          "the same, sigma atoms, tail cut (the defaults)": {"scheme": "muscl", "tails": {"paths": "maps"},
+                                                             "atoms": {"shape": "sigma", "cut": "tail"}},
+          "the defaults, level relative to the atoms too": {"scheme": "muscl", "tails": {"paths": "maps", "reference": "measure"},
+                                                        "atoms": {"shape": "sigma", "cut": "tail"}}}
 # (anchor, path step, maps) of the semi-Lagrangian transport alone with couplings every 0.2: its
 # error against the number of interpolations of g; last: the paths composed between anchors (maps)
 SL_ANCHORS = ((0.2, None, False), (0.6, 0.2, False), (1.0, 0.2, False), (1.0, 0.1, False), (2.0, 0.1, False),
@@ -466,6 +474,10 @@ RUN_FILE_MAPS = "tails from log f, coupling every 0.2 (saves every 0.2), g inter
 # and with atoms that keep their cluster's spread and a cut that keeps the tail beside them, from a run
 # file of solvers/sweeps/tails_sigma.toml (`atom_shape = "sigma"`, `atom_cut = "tail"`)
 RUN_FILE_SIGMA = RUN_FILE_MAPS.replace(", spherepde run", ", sigma atoms, tail cut, spherepde run")
+# what `[eulerian] tails = "log"` runs by default: g interpolated at anchors 1.0 apart with the composed
+# maps between them, sigma atoms and the tail cut
+DEFAULT_TAILS = {"anchor": 1.0, "path_step": 0.1, "paths": "maps", "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128}}
+DEFAULTS_VARIANT = "tails from log f, coupling every 0.2 (saves every 0.2), the defaults (composed maps, sigma atoms, tail cut)"
 # g interpolated at every coupling (LogTails(anchor=0)), as before the anchors: the variants measured then
 EVERY_COUPLING = {"anchor": 0.0, "path_step": None}
 HYBRID_VARIANTS = {
@@ -528,6 +540,12 @@ HYBRID_VARIANTS = {
         {"interval": 0.2, "save_every": 0.2, "anchor": 1.0, "path_step": 0.2},
     "tails from log f, coupling every 0.2 (saves every 0.2), g interpolated every 1.0, level relative to the atoms too":
         {"interval": 0.2, "save_every": 0.2, "anchor": 1.0, "path_step": 0.1, "reference": "measure"},
+    # the solver's defaults with tails = "log" (composed maps, sigma atoms, tail cut), in the process,
+    # and the same with the level relative to the atoms too: at β = ∞ the level relative to the mesh
+    # alone leaves the ridges beside new atoms to the finite volumes (docs/numerics.md)
+    DEFAULTS_VARIANT: {"interval": 0.2, "save_every": 0.2, **DEFAULT_TAILS},
+    DEFAULTS_VARIANT + ", level relative to the atoms too":
+        {"interval": 0.2, "save_every": 0.2, **DEFAULT_TAILS, "reference": "measure"},
     "tails from log f, coupling every 0.2 (saves every 0.2), paths in 4 steps":
         {"interval": 0.2, "save_every": 0.2, "substeps": 4, **EVERY_COUPLING},
     "tails from log f, coupling every 0.2 (saves every 0.2), level relative to the atoms too":
