@@ -205,12 +205,13 @@ STATES = {"muscl": {"scheme": "muscl"}, "log_muscl": {"scheme": "log_muscl"},
           "the same, g interpolated at every coupling": {"scheme": "muscl", "tails": {"anchor": 0.0, "path_step": None}},
           # the paths between anchors composed, not retraced (docs/numerics.md#composed-maps-tail_paths--maps)
           "the same, composed maps between anchors": {"scheme": "muscl", "tails": {"paths": "maps"}},
-          # what `tails = "log"` runs by default: and sigma atoms with the tail cut
+          # and sigma atoms with the tail cut, the atoms `tails = "log"` makes by default
           # (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma)
-          "the same, sigma atoms, tail cut (the defaults)": {"scheme": "muscl", "tails": {"paths": "maps"},
-                                                             "atoms": {"shape": "sigma", "cut": "tail"}},
-          "the defaults, level relative to the atoms too": {"scheme": "muscl", "tails": {"paths": "maps", "reference": "measure"},
-                                                        "atoms": {"shape": "sigma", "cut": "tail"}}}
+          "composed maps, sigma atoms, tail cut": {"scheme": "muscl", "tails": {"paths": "maps"},
+                                                   "atoms": {"shape": "sigma", "cut": "tail"}},
+          "composed maps, sigma atoms, tail cut, level relative to the atoms too":
+              {"scheme": "muscl", "tails": {"paths": "maps", "reference": "measure"},
+               "atoms": {"shape": "sigma", "cut": "tail"}}}
 # (anchor, path step, maps) of the semi-Lagrangian transport alone with couplings every 0.2: its
 # error against the number of interpolations of g; last: the paths composed between anchors (maps)
 SL_ANCHORS = ((0.2, None, False), (0.6, 0.2, False), (1.0, 0.2, False), (1.0, 0.1, False), (2.0, 0.1, False),
