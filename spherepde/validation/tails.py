@@ -490,8 +490,7 @@ HYBRID_VARIANTS = {
     RUN_FILE_ANCHORED: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1},
     RUN_FILE_MAPS: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1,
                     "paths": "maps"},
-    RUN_FILE_SIGMA: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1,
-                     "paths": "maps", "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128}},
+    RUN_FILE_SIGMA: {"interval": 0.2, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS},
     # how a new atom is made (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma):
     # its patch keeps the e^{linear} fit of its outer ring (`atom_cut = "tail"`), and/or it is four points
     # with the cluster's covariance (`atom_shape = "sigma"`; 128 slots, four per atom until they merge)
