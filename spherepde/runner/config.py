@@ -66,7 +66,10 @@ A config has the sections
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor), tail_substeps (1: g's
                    paths see the states at the couplings, linear in time between them; k > 1:
-                   the states after every step, k times the path steps), near_field_profile (the density inside a
+                   the states after every step, k times the path steps), tail_reference (what
+                   tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
+                   largest of it and the peak density of every atom's cluster, carried by
+                   Liouville along the atom's path; docs/numerics.md), near_field_profile (the density inside a
                    near cell of the sums at the atoms, where the kernel is narrower than a cell:
                    "constant" (f_c) | "log_linear" (f_c e^{⟨γ, y − y_c⟩}/N_c, γ the limited slope
                    of ln f); default "log_linear" with tails = "log", else "constant")
@@ -144,7 +147,7 @@ DEFAULTS = {
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1,
+                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_reference": "mesh",
                  "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
@@ -709,6 +712,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
     if eul["tail_paths"] not in TAIL_PATHS:
         raise ConfigError(f'[eulerian] tail_paths: must be "retrace" or "maps", got {eul["tail_paths"]!r}')
+    if eul["tail_reference"] not in TAIL_LEVEL_REFERENCES:
+        raise ConfigError(f'[eulerian] tail_reference: must be "mesh" or "clusters", got {eul["tail_reference"]!r}')
     substeps = eul["tail_substeps"]
     if isinstance(substeps, bool) or not isinstance(substeps, int) or not 1 <= substeps <= 16:
         raise ConfigError(f"[eulerian] tail_substeps: must be an integer from 1 to 16, got {substeps!r}")
@@ -960,6 +965,7 @@ ADDED_KEYS[("particles", "backend")] = "auto"
 ADDED_KEYS[("particles", "precision")] = "fp64"
 ADDED_KEYS.update({("particles", "rtol"): 1e-6, ("particles", "atol"): 0.0})  # adaptive steps came later
 ADDED_KEYS[("eulerian", "atom_shape")] = "point"  # the atoms were points before the "sigma" shape
+ADDED_KEYS[("eulerian", "tail_reference")] = "mesh"  # the tail level was relative to the mesh's largest f
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -969,7 +975,8 @@ ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_paths", "tail_substeps")
+             "tail_paths", "tail_substeps", "tail_reference")
+TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 
 

@@ -82,6 +82,7 @@ from ..storage.schema import (
     SOLVER_META,
     SYSTEM_DIM,
     TAIL_ARRAYS,
+    TAIL_PEAK_ARRAYS,
     TAIL_META,
     TOKEN_CLUSTER_MASS,
     TOKEN_META,
@@ -168,7 +169,7 @@ def _tail_options(eul):
         return None
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
-            "paths": eul["tail_paths"], "substeps": eul["tail_substeps"]}
+            "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"]}
 
 
 def run_times(config) -> list[float]:
@@ -338,7 +339,10 @@ class RunSetup:
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
                                "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),
                                "tail_anchor": eul["tail_anchor"], "tail_path_step": eul["tail_path_step"],
-                               "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"]})
+                               "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"],
+                               "tail_reference": eul["tail_reference"]})
+            if eul["tail_reference"] == "clusters":
+                self.arrays.update(TAIL_PEAK_ARRAYS)
 
     def _particle_layout(self, pt, dg):
         psolver, x0, pweights, log_f0, rng_record = self.particles
@@ -555,6 +559,8 @@ class RunSetup:
         if self.solver.tails is not None:
             arrays["log_density"] = self.solver.tails.g
             arrays["log_density_rate"] = self.solver.tails.rate
+            if self.solver.tails.reference == "clusters":
+                arrays["atom_peak_log_density"] = self.solver.tails.peak_state()
         measure = self._measure_of(k)
         points, weights = measure.measure(f, xa, ma)
         lyap = measure.lyapunov(f, xa, ma)

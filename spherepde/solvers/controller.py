@@ -55,6 +55,7 @@ class SolverState:
     log_density: np.ndarray | None = None  # g = log f at the centroids, with tails
     log_density_rate: np.ndarray | None = None  # g's rate over the last coupling interval, with tails
     tail_record: dict | None = None  # the last coupling's TAIL_META records (tail_cells, …), with tails
+    peak_log_density: np.ndarray | None = None  # the atoms' peak log densities, with tail_reference "clusters"
 
     @classmethod
     def from_record(cls, index, density, record, arrays=None):
@@ -72,7 +73,9 @@ class SolverState:
                    int(record.get("heat_products", 0)),
                    *(None if arrays is None or name not in arrays else np.array(arrays[name], dtype=float)
                      for name in ("log_density", "log_density_rate")),
-                   {name: record[name] for name in TAIL_RECORDS if name in record} or None)
+                   {name: record[name] for name in TAIL_RECORDS if name in record} or None,
+                   None if arrays is None or "atom_peak_log_density" not in arrays
+                   else np.array(arrays["atom_peak_log_density"], dtype=float))
 
 
 @dataclass
@@ -144,10 +147,14 @@ class EulerianController:
                 g, rate = start.log_density, start.log_density_rate
                 if tails.follow and rate is None:
                     raise ValueError("a run whose tails follow g continues from a state with its log_density_rate")
+                if tails.reference == "clusters" and start.peak_log_density is None:
+                    raise ValueError("a run whose tail level is relative to the clusters continues from a state "
+                                     "with its atom_peak_log_density")
             else:
                 with np.errstate(divide="ignore"):
                     g = np.log(f) if log_f0 is None else log_f0
-            tails.start(times[start.index], g, f, atoms, rate, last=start.tail_record if start.index > 0 else None)
+            tails.start(times[start.index], g, f, atoms, rate, last=start.tail_record if start.index > 0 else None,
+                        peaks=start.peak_log_density if start.index > 0 else None)
         # the stepper counts over its lifetime; report the counts since t = 0
         steps_before = stepper.steps - start.steps
         rejected_before = stepper.rejected - start.rejected

@@ -60,7 +60,8 @@ import xarray as xr
 from ..models.checks import check_model
 from ..models.schedule import schedule_of
 from ..storage.memory import memory_dataset
-from ..storage.schema import ATOM_ARRAYS, ATOM_DIAGNOSTICS, ATOM_META, NOISE_META, SNAPSHOT_META, TAIL_ARRAYS, TAIL_META
+from ..storage.schema import (ATOM_ARRAYS, ATOM_DIAGNOSTICS, ATOM_META, NOISE_META, SNAPSHOT_META, TAIL_ARRAYS,
+                              TAIL_META, TAIL_PEAK_ARRAYS)
 from ..summation import DEFAULT_TOL
 from ..transport import FluxDivergence, SSPStepper
 from ..transport.diffusion import MeshDiffusion
@@ -241,6 +242,8 @@ class EulerianSolver:
                 if self.tails is not None:
                     atom_states[-1]["log_density"] = self.tails.g.copy()
                     atom_states[-1]["log_density_rate"] = self.tails.rate.copy()
+                    if self.tails.reference == "clusters":
+                        atom_states[-1]["atom_peak_log_density"] = self.tails.peak_state()
             if on_snapshot is not None:
                 on_snapshot(k, t, f, rec)
             if bar is not None:
@@ -255,7 +258,8 @@ class EulerianSolver:
         series = {name: (np.array([r[name] for r in records]), long_name, units)
                   for name, (long_name, units) in meta.items()}
         series["lower_bound_paper"] = (0.5 * state.ell0 * np.exp(-c0 * time), "½ ℓ₀ exp(−C₀ t)", "sr-1")
-        layout = dict(ATOM_ARRAYS, **ATOM_DIAGNOSTICS, **(TAIL_ARRAYS if self.tails is not None else {}))
+        layout = dict(ATOM_ARRAYS, **ATOM_DIAGNOSTICS, **(TAIL_ARRAYS if self.tails is not None else {}),
+                      **(TAIL_PEAK_ARRAYS if self.tails is not None and self.tails.reference == "clusters" else {}))
         arrays = {name: (dims, np.array([a[name] for a in atom_states]), long_name, units)
                   for name, (dims, long_name, units) in layout.items()} if atom_states else {}
         attrs = {"nside": self.mesh.nside, "scheme": self.scheme, "cfl": self.cfl, "rk_order": self.rk_order,

@@ -69,6 +69,7 @@ __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "T
 TAIL_INTERVAL = 0.2
 TAIL_LEVEL = 1e-3  # tail cells: finite-volume average below this × the mesh's largest
 TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep the density
+TAIL_REFERENCES = ("mesh", "measure", "clusters")  # what the level is relative to (LogTails._largest)
 # time between two interpolations of g (anchor 0: at every coupling, as before the anchors): each
 # interpolation smears g by about h³ × its third derivatives, and those errors add up, so the
 # couplings in between follow their paths back to the last anchor instead, in RK4 steps of at most
@@ -164,8 +165,8 @@ class LogTails:
         self.maps = paths == "maps"
         self._map = None  # (departure points at the anchor, ∫ div_S v since) of the centroids now
         self.path_step = None if path_step is None else float(path_step)
-        if reference not in ("mesh", "measure"):
-            raise ValueError(f"reference must be 'mesh' or 'measure', got {reference!r}")
+        if reference not in TAIL_REFERENCES:
+            raise ValueError(f"reference must be one of {TAIL_REFERENCES}, got {reference!r}")
         if not (isinstance(substeps, int) and substeps >= 1):
             raise ValueError(f"substeps must be an integer >= 1, got {substeps!r}")
         self.reset, self.criterion, self.follow, self.reference = reset, criterion, bool(follow), reference
@@ -189,6 +190,9 @@ class LogTails:
         self.last = {}
         self.tail = np.zeros(mesh.npix, dtype=bool)
         self._anchor = None  # (t, cells, values, rates) of the tail cells followed between couplings
+        # reference "clusters": log of each atom slot's peak density (NaN: none), grown by Liouville
+        self.peaks = None
+        self._mesh_top = math.nan  # the mesh's largest f at the last coupling
 
     def field_of(self, f, atoms):
         """x ↦ (v(x), div_S v(x)): the attention field of f dA + the atoms, frozen now. Where the
@@ -212,11 +216,12 @@ class LogTails:
         model = self.model
         return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
 
-    def start(self, t, g, f, atoms, rate=None, last=None):
+    def start(self, t, g, f, atoms, rate=None, last=None, peaks=None):
         """g (log f at the centroids) at time t, with the state (f, atoms) there; rate: g's rate
         saved with it (a resumed run), else −v·∇g − div_S v in the field of the state (log_rate);
         last: the records of the coupling at t (a resumed run: its snapshots until the next
-        coupling repeat them)."""
+        coupling repeat them); peaks: the atoms' peak log densities saved with it (reference
+        "clusters", a resumed run; peak_state)."""
         g = np.array(g, dtype=float)
         if g.shape != (self.mesh.npix,) or not np.isfinite(g).all():
             raise ValueError(f"tails need log f at the {self.mesh.npix} centroids, finite (f > 0 everywhere)")
@@ -232,6 +237,11 @@ class LogTails:
             self.last.update({key: last[key] for key in self.last if key in last})
             self.last["tail_cells"] = int(self.last["tail_cells"])
         self.rate = self.log_rate(self._previous) if rate is None else np.array(rate, dtype=float)
+        self._mesh_top = float(f.max())
+        if self.reference == "clusters" and atoms is not None:
+            self.peaks = np.full(atoms.capacity, np.nan) if peaks is None else np.array(peaks, dtype=float)
+            if self.peaks.shape != (atoms.capacity,):
+                raise ValueError(f"tails: {self.peaks.shape} atom peaks for {atoms.capacity} atom slots")
         self._anchor_at(t, f, atoms)
 
     def couple(self, t, f, atoms) -> bool:
@@ -267,6 +277,8 @@ class LogTails:
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
         f_log = self.interpolant.cell_averages_of_exp(g)
+        if self.reference == "clusters":
+            self._grow_peaks(t0, t, atoms, self._previous, now)
         near = self._near_atoms(atoms)
         low = f if self.criterion == "fv" else np.minimum(f, f_log)
         top = self.level * self._largest(f, atoms)
@@ -297,6 +309,7 @@ class LogTails:
             bulk = np.zeros(f.shape, dtype=bool)
         g[bulk] = np.log(f[bulk])
         self._previous = self.field_of(f, atoms) if changed else now
+        self._mesh_top = float(f.max())
         if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
             self._origin = (float(t), g.copy(), [(float(t), self._previous)])
             self._map = None
@@ -387,11 +400,44 @@ class LogTails:
     def _largest(self, f, atoms):
         """The density the level is relative to (sr⁻¹): the mesh's largest f (reference "mesh"), or
         the largest of it and every atom's mass over one cell's area ("measure": an atom is a
-        peak the mesh no longer holds, and the mesh's largest f falls when it forms)."""
+        peak the mesh no longer holds, and the mesh's largest f falls when it forms), or of it and
+        every atom's peak density ("clusters": _grow_peaks, independent of the mesh)."""
         top = float(f.max())
         if self.reference == "measure" and atoms is not None and atoms.count:
             top = max(top, float(atoms.points()[1].max()) / self.mesh.area)
+        if self.reference == "clusters" and self.peaks is not None and atoms is not None and atoms.count:
+            known = self.peaks[atoms.alive]
+            known = known[np.isfinite(known)]
+            if known.size:
+                top = max(top, float(np.exp(known.max())))
         return top
+
+    def peak_state(self):
+        """The atoms' peak log densities (reference "clusters"; one per atom slot, NaN: none), the
+        part of the state a resumed run needs besides g and its rate."""
+        return self.peaks.copy()
+
+    def _grow_peaks(self, t0, t, atoms, before, now):
+        """Reference "clusters": the peak density of the cluster each atom stands for, carried by
+        Liouville along the atom's path, d/dt log f = −div_S v (exact at the maximum of a smooth
+        peak), from the mesh's largest f at the coupling before the atom was made (the peak the
+        mesh held then, before it was cut): log peak(t) = log peak(t0) − ½(div(t0) + div(t))(t − t0)
+        at the atom's position now (trapezoid in time). Unlike the mesh's largest f it does not
+        fall when a peak becomes an atom, and unlike an atom's mass per cell area it does not grow
+        4× per mesh halving. Slots freed by a merge forget their peak."""
+        if atoms is None:
+            return
+        if self.peaks is None:
+            self.peaks = np.full(atoms.capacity, np.nan)
+        alive = atoms.alive
+        self.peaks[~alive] = np.nan
+        if not alive.any():
+            return
+        new = alive & (~np.isfinite(self.peaks) | (atoms.created > t0))
+        self.peaks[new] = math.log(self._mesh_top)
+        x = atoms.positions[alive]
+        growth = -0.5 * (before(x)[1] + now(x)[1]) * (t - t0)
+        self.peaks[alive] += growth
 
     def _near_atoms(self, atoms):
         """Cells whose centroid lies within `reach` of an atom."""

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["CELL_DIM", "OLD_CELL_DIM", "CELL_INDEX_ATTRS", "TIME_ATTRS", "DENSITY_ATTRS", "int_attr", "attr_value",
            "xdggs_attrs", "crs_attrs", "SNAPSHOT_META", "NOISE_META", "ATOM_META", "ATOM_ARRAYS", "ATOM_DIAGNOSTICS",
-           "TAIL_META", "TAIL_ARRAYS", "DIAGNOSTIC_META", "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS",
+           "TAIL_META", "TAIL_ARRAYS", "TAIL_PEAK_ARRAYS", "DIAGNOSTIC_META", "SOLVER_META", "PARTICLE_META", "CARRIED_META", "PARTICLE_ARRAYS",
            "CARRIED_ARRAYS", "PARTICLE_WEIGHTS", "component_dim", "particle_arrays", "TOKEN_META", "TOKEN_CLUSTER_MASS",
            "SYSTEM_DIM", "CLUSTER_DIM", "ADAPTIVE_META"]
 
@@ -140,6 +140,12 @@ TAIL_ARRAYS = {
     "log_density": (("cell",), "log f at the cell centroids, carried along characteristics (f in sr-1)", "1"),
     "log_density_rate": (("cell",), "rate of log f at the centroids over the last coupling interval, which the "
                          "tail cells follow until the next coupling", "1/time"),
+}
+# with tail_reference = "clusters": part of the state a resume restores
+TAIL_PEAK_ARRAYS = {
+    "atom_peak_log_density": (("atom",), "log of the peak density of the cluster each atom stands for (f in sr-1), "
+                              "carried by Liouville along the atom's path since the coupling before its creation; "
+                              "the reference of the tail level (NaN: no atom, or one made since the last coupling)", "1"),
 }
 
 # ---------------------------------------------------------------------- diagnostics of a measure

@@ -211,6 +211,9 @@ STATES = {"muscl": {"scheme": "muscl"}, "log_muscl": {"scheme": "log_muscl"},
                                                    "atoms": {"shape": "sigma", "cut": "tail"}},
           "composed maps, sigma atoms, tail cut, level relative to the atoms too":
               {"scheme": "muscl", "tails": {"paths": "maps", "reference": "measure"},
+               "atoms": {"shape": "sigma", "cut": "tail"}},
+          "composed maps, sigma atoms, tail cut, level relative to the clusters' peaks":
+              {"scheme": "muscl", "tails": {"paths": "maps", "reference": "clusters"},
                "atoms": {"shape": "sigma", "cut": "tail"}}}
 # (anchor, path step, maps) of the semi-Lagrangian transport alone with couplings every 0.2: its
 # error against the number of interpolations of g; last: the paths composed between anchors (maps)
@@ -546,6 +549,16 @@ HYBRID_VARIANTS = {
     DEFAULTS_VARIANT: {"interval": 0.2, "save_every": 0.2, **DEFAULT_TAILS},
     DEFAULTS_VARIANT + ", level relative to the atoms too":
         {"interval": 0.2, "save_every": 0.2, **DEFAULT_TAILS, "reference": "measure"},
+    # and relative to the peak density of the clusters the atoms stand for, carried by Liouville
+    # from the mesh's peak before the cut (LogTails._grow_peaks): independent of the mesh
+    DEFAULTS_VARIANT + ", level relative to the clusters' peaks":
+        {"interval": 0.2, "save_every": 0.2, **DEFAULT_TAILS, "reference": "clusters"},
+    # the same with shorter couplings: at β = 30 the field of g's paths is linear in time between
+    # couplings, and where atoms compete in the softmax it is not (docs/numerics.md)
+    **{DEFAULTS_VARIANT.replace("0.2", format(dt, "g")) + level: {"interval": dt, "save_every": dt, **DEFAULT_TAILS,
+                                                                  "reference": reference}
+       for dt in (0.1, 0.05) for level, reference in (("", "mesh"), (", level relative to the clusters' peaks",
+                                                                     "clusters"))},
     "tails from log f, coupling every 0.2 (saves every 0.2), paths in 4 steps":
         {"interval": 0.2, "save_every": 0.2, "substeps": 4, **EVERY_COUPLING},
     "tails from log f, coupling every 0.2 (saves every 0.2), level relative to the atoms too":

@@ -126,6 +126,32 @@ def test_the_level_is_relative_to_the_mesh_or_to_the_whole_measure():
         LogTails(mesh, model, reference="atoms")
 
 
+def test_the_clusters_peak_grows_by_liouville_and_the_level_does_not_fall_at_an_atom():
+    """reference "clusters" at β = ∞ from the uniform law: the atoms at ±e₁ stand for the exact
+    maximum f_t(±e₁) = e^{5t}/(4π) (div_S v = tr M − 3xᵀMx = −5 there), so their peak log densities
+    grow at rate 5 between couplings, to round-off (the atoms sit at the fixed points); each starts
+    from the mesh's largest f before it was made, and the level never falls below the mesh's."""
+    from spherepde.solvers.tails import LogTails
+
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, math.inf)
+    solver = EulerianSolver(mesh, model, atoms={}, tails={"reference": "clusters"})
+    times = [0.0, 1.0, 2.0, 2.2, 2.4, 3.0]
+    out = {}
+    for _, t, f, _ in solver.snapshots(Uniform().cell_averages(mesh), times):
+        out[t] = (f.copy(), solver.tails.peak_state(), solver.atoms.positions.copy(), solver.atoms.alive.copy())
+    _, peaks, x, alive = out[2.4]
+    on_axis = alive & (np.abs(x[:, 0]) > 1 - 1e-9)
+    _, before, _, alive_before = out[2.2]
+    both = on_axis & alive_before
+    assert both.sum() == 2 and np.allclose(peaks[both] - before[both], 5 * 0.2, rtol=0, atol=1e-9)
+    for t, (f, peaks, _, alive) in out.items():
+        assert np.all(np.isfinite(peaks[alive])) and np.all(np.isnan(peaks[~alive]))
+        if alive.any():
+            assert np.exp(peaks[alive].max()) > f.max()  # the level is above the mesh's
+    assert LogTails(mesh, model, reference="clusters")._largest(np.full(mesh.npix, 0.01), None) == 0.01
+
+
 def test_tails_need_atoms_one_head_and_no_noise():
     mesh = HealpixMesh(4)
     with pytest.raises(ValueError, match="need atoms"):
@@ -227,7 +253,8 @@ def test_config_refuses_tails_without_atoms_or_with_heads():
         resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                  "eulerian": {"tails": "log", "tail_interval": 0.0}, "time": {"t_end": 1.0, "save_every": 0.5}})
     for key, value in (("tail_anchor", -0.5), ("tail_anchor", 6.0), ("tail_path_step", 0.0), ("tail_path_step", 2.0),
-                       ("tail_paths", "compose"), ("tail_substeps", 0), ("tail_substeps", 2.5), ("tail_substeps", 17)):
+                       ("tail_paths", "compose"), ("tail_substeps", 0), ("tail_substeps", 2.5), ("tail_substeps", 17),
+                       ("tail_reference", "measure")):
         with pytest.raises(ConfigError, match=rf"\[eulerian\] {key}"):
             resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                      "eulerian": {"tails": "log", key: value}, "time": {"t_end": 1.0, "save_every": 0.5}})
@@ -276,6 +303,20 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     interrupt_after(every, out, 4)  # t = 0 … 0.3: the run continues from t = 0.2, the last coupling
     assert main(["run", str(every), "-o", str(out), "--resume"]) == 0
     assert "resumed from snapshot 2 (t = 0.2)" in open_run(out).attrs["history"]
+    assert run_difference(out, ref) <= ROUND_OFF
+    # the level relative to the clusters' peaks: their log densities are part of the state
+    clusters = tmp_path / "clusters.toml"
+    clusters.write_text(TAILS.replace("tail_interval = 0.2", 'tail_interval = 0.2\ntail_reference = "clusters"'))
+    ref, out = tmp_path / "ref_clusters.nc", tmp_path / "out_clusters.nc"
+    assert main(["run", str(clusters), "-o", str(ref)]) == 0
+    ds = open_run(ref)
+    assert ds.attrs["tail_reference"] == "clusters" and ds["atom_peak_log_density"].dims == ("time", "atom")
+    at_coupling = np.isclose(ds["log_density_time"].values, ds["time"].values)  # new atoms get a peak there
+    alive = (ds["atom_mass"].values > 0) & at_coupling[:, None]
+    assert alive.any() and np.all(np.isfinite(ds["atom_peak_log_density"].values[alive]))
+    interrupt_after(clusters, out, 13)
+    assert main(["run", str(clusters), "-o", str(out), "--resume"]) == 0
+    assert "resumed from snapshot 10 (t = 1)" in open_run(out).attrs["history"]
     assert run_difference(out, ref) <= ROUND_OFF
 
 
