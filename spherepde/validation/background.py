@@ -143,7 +143,8 @@ def measure(nside, times, out, say=print, tails=False, label=None):
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
     overrides = [] if tails in (True, False) else list(tails)
     tag = ("" if tails is False else "tails_" if "eulerian.tail_anchor=0.0" in overrides
-           else "tails_maps_" if MAPS in overrides else "tails_anchored_")
+           else "tails_maps_" if MAPS in overrides else "tails_clusters_" if CLUSTERS[0] in overrides
+           else "tails_anchored_")
     name = f"background_run_{tag}nside{nside}.nc"
     cfg, ds = ensure_run(out / name, nside, max(times), say, tails)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
@@ -286,13 +287,16 @@ class SavedParticleField:
 # state → tails of ensure_run: the finite volumes; the tails with g interpolated at every coupling
 # (as before the anchors); the tails with the default anchors every 1.0
 MAPS = 'eulerian.tail_paths="maps"'  # the composed maps between anchors (docs/numerics.md)
+# the tail level relative to the clusters' peaks, couplings every 0.05 (docs/numerics.md#a-tail-level-relative-to-the-clusters-peaks-and-the-coupling-interval)
+CLUSTERS = ('eulerian.tail_reference="clusters"', "eulerian.tail_interval=0.05")
 TAIL_STATES = {"finite volumes + atoms": False,
                # (no near field at β = 30 on these meshes: "constant" is the runs' setting before the key)
                "tails from log f, g interpolated at every coupling": ["eulerian.tail_anchor=0.0",
                                                                       "eulerian.tail_path_step=1.0",
                                                                       'eulerian.near_field_profile="constant"'],
                "tails from log f, g interpolated every 1.0 (the default)": [],
-               "tails from log f, g interpolated every 1.0, composed maps": [MAPS]}
+               "tails from log f, g interpolated every 1.0, composed maps": [MAPS],
+               "tails from log f, couplings every 0.05, level relative to the clusters' peaks": list(CLUSTERS)}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):

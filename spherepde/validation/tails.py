@@ -478,6 +478,10 @@ RUN_FILE_MAPS = "tails from log f, coupling every 0.2 (saves every 0.2), g inter
 # and with atoms that keep their cluster's spread and a cut that keeps the tail beside them, from a run
 # file of solvers/sweeps/tails_sigma.toml (`atom_shape = "sigma"`, `atom_cut = "tail"`)
 RUN_FILE_SIGMA = RUN_FILE_MAPS.replace(", spherepde run", ", sigma atoms, tail cut, spherepde run")
+# and with the level relative to the clusters' peaks and couplings every 0.05, from a run file of
+# solvers/sweeps/tails_clusters.toml (`tail_reference = "clusters"`, `tail_interval = 0.05`)
+RUN_FILE_CLUSTERS = RUN_FILE_SIGMA.replace("coupling every 0.2 (saves every 0.2)", "coupling every 0.05 (saves every 0.2)").replace(
+    ", spherepde run", ", level relative to the clusters' peaks, spherepde run")
 # what `[eulerian] tails = "log"` runs by default: g interpolated at anchors 1.0 apart with the composed
 # maps between them, sigma atoms and the tail cut
 DEFAULT_TAILS = {"anchor": 1.0, "path_step": 0.1, "paths": "maps", "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128}}
@@ -494,6 +498,7 @@ HYBRID_VARIANTS = {
     RUN_FILE_MAPS: {"interval": 0.2, "save_every": 0.2, "from_run": True, "anchor": 1.0, "path_step": 0.1,
                     "paths": "maps"},
     RUN_FILE_SIGMA: {"interval": 0.2, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS},
+    RUN_FILE_CLUSTERS: {"interval": 0.05, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS, "reference": "clusters"},
     # how a new atom is made (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma):
     # its patch keeps the e^{linear} fit of its outer ring (`atom_cut = "tail"`), and/or it is four points
     # with the cluster's covariance (`atom_shape = "sigma"`; 128 slots, four per atom until they merge)
@@ -645,17 +650,21 @@ def run_file_variant(eul):
     variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
                RUN_FILE_MAPS if eul.get("tail_paths", "retrace") == "maps" else RUN_FILE_ANCHORED)
     made = (eul.get("atom_shape", "point"), eul.get("atom_cut", "floor"))
+    level = (eul.get("tail_reference", "mesh"), eul.get("tail_interval", 0.2))
     if made == ("point", "floor"):
-        return variant
-    return RUN_FILE_SIGMA if made == ("sigma", "tail") and variant == RUN_FILE_MAPS else None
+        return variant if level[0] == "mesh" else None
+    if made != ("sigma", "tail") or variant != RUN_FILE_MAPS:
+        return None
+    return {("mesh", 0.2): RUN_FILE_SIGMA, ("clusters", 0.05): RUN_FILE_CLUSTERS}.get(level)
 
 
 def import_runs(runs, cache, partial=False):
     """Keep every complete run file in the folder `runs` (solvers/sweeps/tails_convergence.toml,
     tails_anchored.toml, tails_maps.toml, tails_sigma.toml) as the cached JSON of RUN_FILE_VARIANT (g
     interpolated at every coupling), RUN_FILE_ANCHORED (`tail_anchor` > 0), RUN_FILE_MAPS (and
-    `tail_paths = "maps"`) or RUN_FILE_SIGMA (and `atom_shape = "sigma"`, `atom_cut = "tail"`; other
-    atoms than the default points cut at the floor are not kept) for its law, nside and β (not
+    `tail_paths = "maps"`), RUN_FILE_SIGMA (and `atom_shape = "sigma"`, `atom_cut = "tail"`; other
+    atoms than the default points cut at the floor are not kept) or RUN_FILE_CLUSTERS (and
+    `tail_reference = "clusters"`, `tail_interval = 0.05`; other levels are not kept) for its law, nside and β (not
     replacing one already kept, unless that one was partial);
     partial: unfinished runs too, as far as they got (the report then says where they end: the
     F-onset and the maximum of the alignment with E are final once past, the rest is not). The

@@ -170,7 +170,8 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     floor only in the sigma sweep's combination (tails_sigma.toml), others to none."""
     sweeps = REPO / "solvers" / "sweeps"
     for name, variant in [("tails_convergence", tails.RUN_FILE_VARIANT), ("tails_anchored", tails.RUN_FILE_ANCHORED),
-                          ("tails_maps", tails.RUN_FILE_MAPS), ("tails_sigma", tails.RUN_FILE_SIGMA)]:
+                          ("tails_maps", tails.RUN_FILE_MAPS), ("tails_sigma", tails.RUN_FILE_SIGMA),
+                          ("tails_clusters", tails.RUN_FILE_CLUSTERS)]:
         base = tomllib.loads((sweeps / f"{name}.toml").read_text())["base"]
         eul = resolve({"model": base["model"], "eulerian": base["eulerian"], "time": base["time"]})["eulerian"]
         assert tails.run_file_variant(eul) == variant, name
@@ -179,6 +180,10 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     assert tails.run_file_variant({**maps, "atom_shape": "point", "atom_cut": "tail"}) is None
     assert tails.run_file_variant({"tail_anchor": 0.0, "atom_shape": "sigma", "atom_cut": "tail"}) is None
     assert tails.run_file_variant({}) == tails.RUN_FILE_VARIANT  # a file from before these keys
+    sigma = {**maps, "atom_shape": "sigma", "atom_cut": "tail"}
+    assert tails.run_file_variant({**sigma, "tail_reference": "clusters", "tail_interval": 0.2}) is None
+    assert tails.run_file_variant({**sigma, "tail_reference": "mesh", "tail_interval": 0.05}) is None
+    assert tails.run_file_variant({"tail_reference": "clusters"}) is None
 
 
 def test_hybrid_variants_hand_their_solver_options_to_the_solver():
