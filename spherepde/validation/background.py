@@ -104,15 +104,17 @@ def weight_share(model, mesh, f, atom_position, atom_mass, away=0.0):
     return wc / (wc + wa)
 
 
-def ensure_run(path, nside, t_end, say=print, tails=False):
-    """The β = 30 run of solvers/atoms_base.toml at nside to t_end, snapshots every 0.05 (reused
+def ensure_run(path, nside, t_end, say=print, tails=False, save_every=0.05):
+    """The β = 30 run of solvers/atoms_base.toml at nside to t_end, snapshots every save_every (reused
     when complete and of the same config); tails: with `[eulerian] tails = "log"` (True: its
     defaults; a list: those overrides too, e.g. `eulerian.tail_anchor=0.0`)."""
     from ..runner import config as C
     from ..runner.run import execute
     from ..storage.runfile import open_run
 
-    over = [f"eulerian.nside={nside}", "model.beta=30.0", f"time.t_end={t_end}", "time.save_every=0.05"]
+    over = [f"eulerian.nside={nside}", "model.beta=30.0", f"time.t_end={t_end}", f"time.save_every={save_every}"]
+    if save_every < 0.05:  # the quadrature particles' RK4 step (0.05) may not exceed the save interval
+        over.append(f"particles.dt={save_every}")
     if tails is not False:
         over.append('eulerian.tails="log"')
         over += [] if tails is True else list(tails)
@@ -130,7 +132,7 @@ def ensure_run(path, nside, t_end, say=print, tails=False):
     return cfg, open_run(path)
 
 
-def measure(nside, times, out, say=print, tails=False, label=None):
+def measure(nside, times, out, say=print, tails=False, label=None, save_every=0.05):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
     log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails (False, True or a list of
     overrides, as ensure_run's): of the run with the
@@ -143,10 +145,11 @@ def measure(nside, times, out, say=print, tails=False, label=None):
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
     overrides = [] if tails in (True, False) else list(tails)
     tag = ("" if tails is False else "tails_" if "eulerian.tail_anchor=0.0" in overrides
-           else "tails_maps_" if MAPS in overrides else "tails_clusters_" if CLUSTERS[0] in overrides
-           else "tails_anchored_")
-    name = f"background_run_{tag}nside{nside}.nc"
-    cfg, ds = ensure_run(out / name, nside, max(times), say, tails)
+           else "tails_maps_" if MAPS in overrides else "tails_retraced_" if RETRACED[1] in overrides
+           else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
+    saves = "" if save_every == 0.05 else f"_saves{save_every:g}"
+    name = f"background_run_{tag}nside{nside}{saves}.nc"
+    cfg, ds = ensure_run(out / name, nside, max(times), say, tails, save_every)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     field = SavedField(ds, mesh, model)
@@ -179,6 +182,13 @@ def measure(nside, times, out, say=print, tails=False, label=None):
             if "log_density" in ds and deep.any() and float(ds["log_density_time"][k]) == float(ds.time[k]):
                 g = ds["log_density"].values[k] / math.log(10)
                 row += f" {np.percentile(np.abs(g[deep] - level[deep]), 90):.3f} |"
+            else:
+                row += " — |"
+            # the reference's own time error: f_char from every other snapshot (saves twice as far apart)
+            coarse = ds.isel(time=slice(0, k + 1, 2))
+            if deep.any() and float(coarse.time[-1]) == float(ds.time[k]):
+                f_half = characteristic_density(SavedField(coarse, mesh, model), law, mesh.centroids, float(ds.time[k]))
+                row += f" {np.percentile(np.abs(np.log10(f_half[deep]) - level[deep]), 90):.3f} |"
             else:
                 row += " — |"
         rows.append(row)
@@ -284,50 +294,58 @@ class SavedParticleField:
         return v, div
 
 
-# state → tails of ensure_run: the finite volumes; the tails with g interpolated at every coupling
-# (as before the anchors); the tails with the default anchors every 1.0
+# state → tails of ensure_run: the finite volumes; the tails with the solver's defaults (couplings
+# every 0.2, level relative to the mesh, anchors every 1.0, composed maps); couplings every 0.05 with
+# the level relative to the clusters' peaks; and the same with g's paths retraced to anchors 5.0
+# apart, so that g is interpolated once by t = 8 (docs/numerics.md#the-self-consistency-at-β--30-interpolations-of-g-across-the-fronts)
 MAPS = 'eulerian.tail_paths="maps"'  # the composed maps between anchors (docs/numerics.md)
 # the tail level relative to the clusters' peaks, couplings every 0.05 (docs/numerics.md#a-tail-level-relative-to-the-clusters-peaks-and-the-coupling-interval)
 CLUSTERS = ('eulerian.tail_reference="clusters"', "eulerian.tail_interval=0.05")
+RETRACED = ('eulerian.tail_paths="retrace"', "eulerian.tail_anchor=5.0")
 TAIL_STATES = {"finite volumes + atoms": False,
-               # (no near field at β = 30 on these meshes: "constant" is the runs' setting before the key)
-               "tails from log f, g interpolated at every coupling": ["eulerian.tail_anchor=0.0",
-                                                                      "eulerian.tail_path_step=1.0",
-                                                                      'eulerian.near_field_profile="constant"'],
-               "tails from log f, g interpolated every 1.0 (the default)": [],
-               "tails from log f, g interpolated every 1.0, composed maps": [MAPS],
-               "tails from log f, couplings every 0.05, level relative to the clusters' peaks": list(CLUSTERS)}
+               "tails from log f, the defaults": [],
+               "tails from log f, couplings every 0.05, level relative to the clusters' peaks": list(CLUSTERS),
+               "the same, paths retraced to anchors every 5.0": list(CLUSTERS + RETRACED)}
 
 
-def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print):
+def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=0.05):
     """OUT/background_tails.md (default validation/reports/tails/): the same comparison for the
     finite volumes and for `[eulerian] tails = "log"` side by side (issue 37's finite-β
-    self-consistency: the target is a 90th percentile of |log₁₀(f_mesh / f_char)| ≤ 0.05)."""
+    self-consistency: the target is a 90th percentile of |log₁₀(f_mesh / f_char)| ≤ 0.05). states:
+    indices into TAIL_STATES (default all); save_every other than 0.05 writes
+    background_tails_saves<save_every>.md from runs saved that often."""
     out = Path(out) if out else REPO / "validation" / "reports" / "tails"
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for nside in nsides:
-        for label, tails in TAIL_STATES.items():
-            rows += measure(nside, times, out, say, tails=tails, label=label)[0]
+        for k, (label, tails) in enumerate(TAIL_STATES.items()):
+            if states is None or k in states:
+                rows += measure(nside, times, out, say, tails=tails, label=label, save_every=save_every)[0]
     head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in BANDS)
     lines = [
         "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",
-        f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}` "
+        f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}"
+        + ("" if not states else f" --states {' '.join(map(str, states))}")
+        + ("" if save_every == 0.05 else f" --save-every {save_every:g}") + "` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
-        "of solvers/atoms_base.toml, β = 30, atoms, snapshots every 0.05) with the finite volumes alone and with "
-        "`[eulerian] tails = \"log\"`: g interpolated at every coupling (`tail_anchor = 0`, as before the anchors) "
-        "and at anchors every 1.0 (the default; and with the composed maps between them, `tail_paths = \"maps\"`). "
-        "f_char: the density carried along the backward "
+        f"of solvers/atoms_base.toml, β = 30, atoms, snapshots every {save_every:g}) with the finite volumes alone and with "
+        "`[eulerian] tails = \"log\"`: the defaults (couplings every 0.2, level relative to the mesh's largest f, "
+        "g interpolated at anchors every 1.0 with the composed maps between them), couplings every 0.05 with the "
+        "level relative to the clusters' peaks (`tail_interval = 0.05`, `tail_reference = \"clusters\"`), and "
+        "the same with g's paths retraced to anchors every 5.0 (`tail_paths = \"retrace\"`, `tail_anchor = 5.0`: "
+        "g interpolated at t = 5 only before t = 8). f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
-        "the mesh mass where f_mesh > 10 f_char; last column: the 90th percentile of |log₁₀(f_mesh / f_char)| "
+        "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "
         f"over the background cells (farther than {AWAY} rad from every atom) with f_char < 10⁻⁴, and their "
         "number (a cell average against a point value: about 0.2 decades apart where f falls a decade per cell, "
         "for any state); the column after it: the same over g = log f of the tails at the centroids (point "
-        "against point).", "",
-        f"| state | nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char | background p90 (cells) | g p90 |",
-        "|---|---|---|---|" + "---|" * len(BANDS) + "---|---|---|", *rows, ""]
-    path = out / "background_tails.md"
+        "against point: the target's quantity); the last: the reference's own time error, f_char from every "
+        f"other snapshot (saves every {2 * save_every:g}) against f_char, same cells (it falls about 4× per halving, so "
+        "f_char itself is within about a third of it).", "",
+        f"| state | nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char | background p90 (cells) | g p90 | f_char, saves {2 * save_every:g} against {save_every:g}, p90 |",
+        "|---|---|---|---|" + "---|" * len(BANDS) + "---|---|---|---|", *rows, ""]
+    path = out / ("background_tails.md" if save_every == 0.05 else f"background_tails_saves{save_every:g}.md")
     path.write_text("\n".join(lines))
     say(f"  wrote {path}")
     return path
@@ -358,9 +376,13 @@ def main(argv=None):
     parser.add_argument("--out", default=None)
     parser.add_argument("--tails", action="store_true",
                         help="instead: finite volumes and tails from log f side by side (background_tails.md)")
+    parser.add_argument("--states", type=int, nargs="+", default=None,
+                        help="with --tails: these states only (indices into TAIL_STATES, from 0)")
+    parser.add_argument("--save-every", type=float, default=0.05,
+                        help="with --tails: the runs' snapshot interval (the reference's time step; default 0.05)")
     args = parser.parse_args(argv)
     if args.tails:
-        tails_report(tuple(args.nside), tuple(args.t), args.out)
+        tails_report(tuple(args.nside), tuple(args.t), args.out, states=args.states, save_every=args.save_every)
     else:
         report(tuple(args.nside), tuple(args.t), args.out)
 

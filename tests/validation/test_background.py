@@ -90,3 +90,15 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
     new = got.atoms["atom_mass"]
     assert new[1] == 0.0 and abs(new[0] / new[2] - 3.0) < 1e-13
     assert masses[0] == 0.3  # the caller's state is not changed
+
+
+def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
+    """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
+    command line and last column say the save intervals compared (no state run: states=[])."""
+    from spherepde.validation.background import TAIL_STATES, tails_report
+
+    tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
+    text = (tmp_path / "background_tails_saves0.025.md").read_text()
+    assert "--save-every 0.025" in text and "f_char, saves 0.05 against 0.025, p90" in text
+    assert not (tmp_path / "background_tails.md").exists()
+    assert len(TAIL_STATES) == 4 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
