@@ -39,6 +39,12 @@ from .common import REPO
 # the background: cells farther than this from every atom (rad; 4 cells at nside 16). Nearer ones
 # hold, in f_char, mass that the mesh has already handed to the atoms.
 AWAY = 0.25
+SAVE_EVERY = 0.05  # the runs' snapshot interval: the reference's time step (f_char's field is linear between snapshots)
+
+
+def _saves_tag(save_every):
+    """The suffix of the run and report files of runs saved other than every SAVE_EVERY."""
+    return "" if save_every == SAVE_EVERY else f"_saves{save_every:g}"
 
 
 class SavedField:
@@ -104,7 +110,7 @@ def weight_share(model, mesh, f, atom_position, atom_mass, away=0.0):
     return wc / (wc + wa)
 
 
-def ensure_run(path, nside, t_end, say=print, tails=False, save_every=0.05):
+def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY):
     """The β = 30 run of solvers/atoms_base.toml at nside to t_end, snapshots every save_every (reused
     when complete and of the same config); tails: with `[eulerian] tails = "log"` (True: its
     defaults; a list: those overrides too, e.g. `eulerian.tail_anchor=0.0`)."""
@@ -132,7 +138,7 @@ def ensure_run(path, nside, t_end, say=print, tails=False, save_every=0.05):
     return cfg, open_run(path)
 
 
-def measure(nside, times, out, say=print, tails=False, label=None, save_every=0.05):
+def measure(nside, times, out, say=print, tails=False, label=None, save_every=SAVE_EVERY):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
     log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails (False, True or a list of
     overrides, as ensure_run's): of the run with the
@@ -147,8 +153,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=0.
     tag = ("" if tails is False else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
-    saves = "" if save_every == 0.05 else f"_saves{save_every:g}"
-    name = f"background_run_{tag}nside{nside}{saves}.nc"
+    name = f"background_run_{tag}nside{nside}{_saves_tag(save_every)}.nc"
     cfg, ds = ensure_run(out / name, nside, max(times), say, tails, save_every)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
@@ -308,7 +313,7 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "the same, paths retraced to anchors every 5.0": list(CLUSTERS + RETRACED)}
 
 
-def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=0.05):
+def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
     """OUT/background_tails.md (default validation/reports/tails/): the same comparison for the
     finite volumes and for `[eulerian] tails = "log"` side by side (issue 37's finite-β
     self-consistency: the target is a 90th percentile of |log₁₀(f_mesh / f_char)| ≤ 0.05). states:
@@ -326,7 +331,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",
         f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}"
         + ("" if not states else f" --states {' '.join(map(str, states))}")
-        + ("" if save_every == 0.05 else f" --save-every {save_every:g}") + "` "
+        + ("" if save_every == SAVE_EVERY else f" --save-every {save_every:g}") + "` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
         f"of solvers/atoms_base.toml, β = 30, atoms, snapshots every {save_every:g}) with the finite volumes alone and with "
         "`[eulerian] tails = \"log\"`: the defaults (couplings every 0.2, level relative to the mesh's largest f, "
@@ -341,11 +346,11 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "number (a cell average against a point value: about 0.2 decades apart where f falls a decade per cell, "
         "for any state); the column after it: the same over g = log f of the tails at the centroids (point "
         "against point: the target's quantity); the last: the reference's own time error, f_char from every "
-        f"other snapshot (saves every {2 * save_every:g}) against f_char, same cells (it falls about 4× per halving, so "
-        "f_char itself is within about a third of it).", "",
+        f"other snapshot (saves every {2 * save_every:g}) against f_char, same cells (to t = 6 it falls about 4× per "
+        "halving; later, atoms made or merged within a save interval make it an O(Δt) error, docs/numerics.md).", "",
         f"| state | nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char | background p90 (cells) | g p90 | f_char, saves {2 * save_every:g} against {save_every:g}, p90 |",
         "|---|---|---|---|" + "---|" * len(BANDS) + "---|---|---|---|", *rows, ""]
-    path = out / ("background_tails.md" if save_every == 0.05 else f"background_tails_saves{save_every:g}.md")
+    path = out / f"background_tails{_saves_tag(save_every)}.md"
     path.write_text("\n".join(lines))
     say(f"  wrote {path}")
     return path
@@ -378,7 +383,7 @@ def main(argv=None):
                         help="instead: finite volumes and tails from log f side by side (background_tails.md)")
     parser.add_argument("--states", type=int, nargs="+", default=None,
                         help="with --tails: these states only (indices into TAIL_STATES, from 0)")
-    parser.add_argument("--save-every", type=float, default=0.05,
+    parser.add_argument("--save-every", type=float, default=SAVE_EVERY,
                         help="with --tails: the runs' snapshot interval (the reference's time step; default 0.05)")
     args = parser.parse_args(argv)
     if args.tails:
