@@ -100,8 +100,9 @@ QUADRATURE_ORDER = 2  # 8 points per cell for the diagnostics integrals
 def tail_records(eul: dict) -> dict:
     """The scalar records of log-density tails. With g interpolated at every coupling
     (tail_anchor = 0) the anchor is the last coupling, log_density_time: no variable of its own,
-    so the files written before the key resume."""
-    return {k: v for k, v in TAIL_META.items() if k != "log_density_anchor" or eul["tail_anchor"] > 0}
+    so the files written before the key resume; the retraced centroids only with the selective paths."""
+    return {k: v for k, v in TAIL_META.items() if (k != "log_density_anchor" or eul["tail_anchor"] > 0)
+            and (k != "tail_retraced" or eul["tail_paths"] == "selective")}
 
 
 class _CellMeasure:
@@ -169,7 +170,8 @@ def _tail_options(eul):
         return None
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
-            "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"]}
+            "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"],
+            "retrace_tolerance": eul["tail_retrace_tolerance"]}
 
 
 def run_times(config) -> list[float]:
@@ -340,7 +342,8 @@ class RunSetup:
                                "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),
                                "tail_anchor": eul["tail_anchor"], "tail_path_step": eul["tail_path_step"],
                                "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"],
-                               "tail_reference": eul["tail_reference"]})
+                               "tail_reference": eul["tail_reference"],
+                               "tail_retrace_tolerance": eul["tail_retrace_tolerance"]})
             if eul["tail_reference"] == "clusters":
                 self.arrays.update(TAIL_PEAK_ARRAYS)
 

@@ -30,7 +30,7 @@ from .guards import RunFailure
 from .tails import coupling_schedule
 from .timeline import segments
 
-TAIL_RECORDS = ("tail_cells", "tail_mass_moved", "tail_drift")  # LogTails.last: of the last coupling
+TAIL_RECORDS = ("tail_cells", "tail_mass_moved", "tail_drift", "tail_retraced")  # LogTails.last: of the last coupling
 
 __all__ = ["EulerianController", "RunState", "SolverState"]
 

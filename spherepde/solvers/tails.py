@@ -22,6 +22,9 @@ coupling_schedule):
    after every step; with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
    composed there with that coupling's departure points at the anchor and divergence integral
    (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
+   with paths "selective" the maps, retraced to the anchor at the centroids where the map they
+   interpolate bends by more than `retrace_tolerance` decades of g within a cell (the fronts of
+   the tails, where interpolating the maps smears g);
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
    below `level` × the mesh's largest f (criterion "min"; "fv": f alone; reference "measure":
    × the largest of that and every atom's mass per cell area) and its centroid lies farther
@@ -62,7 +65,7 @@ from .guards import RunFailure
 from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, compose_paths, trace_back
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
-           "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT"]
+           "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -79,8 +82,12 @@ TAIL_PATH_STEP = 0.1
 # how a coupling between anchors gets its paths back to the anchor: "retrace" them through the
 # states of every coupling since, or "maps": compose this interval's paths with the last
 # coupling's departure points and divergence integral, interpolated (LogTails._composed)
-TAIL_PATHS = ("retrace", "maps")
+# or "selective": the composed maps, retraced to the anchor at the centroids where the map they
+# interpolate bends by more than TAIL_RETRACE_TOLERANCE decades of g within a cell (LogTails._bent):
+# across the fronts of the tails, where interpolating the maps smears g
+TAIL_PATHS = ("retrace", "maps", "selective")
 TAIL_PATHS_DEFAULT = "retrace"
+TAIL_RETRACE_TOLERANCE = 0.01  # decades of g
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -143,16 +150,20 @@ class LogTails:
     of at most path_step (None: `substeps` per coupling interval). anchor 0: g advanced from the
     last coupling, interpolated at every one (as before the anchors). paths "retrace" (default):
     each coupling retraces its paths to the anchor; "maps": it traces its own interval and
-    composes it with the last coupling's map (_composed); "start": anchor = ∞, g interpolated at
+    composes it with the last coupling's map (_composed); "selective": the maps, retraced where
+    they bend by more than retrace_tolerance decades of g (_bent; `retraced` counts those
+    centroids at the last coupling); "start": anchor = ∞, g interpolated at
     the start only (an experiment: cost grows as t², and a resumed run restarts there)."""
 
     def __init__(self, mesh, model, interval: float = TAIL_INTERVAL, level: float = TAIL_LEVEL,
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
-                 path_step: float | None = TAIL_PATH_STEP):
+                 path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE):
         if paths not in TAIL_PATHS + ("start",):
-            raise ValueError(f"paths must be 'retrace', 'maps' or 'start', got {paths!r}")
+            raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
+        if not retrace_tolerance > 0.0:
+            raise ValueError(f"retrace_tolerance must be > 0, got {retrace_tolerance!r}")
         if not anchor >= 0.0:
             raise ValueError(f"anchor must be >= 0, got {anchor!r}")
         if path_step is not None and not path_step > 0.0:
@@ -162,7 +173,12 @@ class LogTails:
         # back to the last anchor through the states of the couplings since
         self.anchor = math.inf if paths == "start" else float(anchor)
         # "maps": the couplings in between compose the anchor's paths instead of retracing them
-        self.maps = paths == "maps"
+        self.maps = paths in ("maps", "selective")
+        # "selective": the maps retraced where they bend (_bent); the states since the anchor kept
+        self.selective = paths == "selective"
+        self.retrace_tolerance = float(retrace_tolerance)
+        self.retraced = 0  # centroids whose paths the last coupling retraced to the anchor ("selective")
+        self._anchor_slopes = (math.nan, None)  # (anchor time, ∇g there at the centroids), for _bent
         self._map = None  # (departure points at the anchor, ∫ div_S v since) of the centroids now
         self.path_step = None if path_step is None else float(path_step)
         if reference not in TAIL_REFERENCES:
@@ -232,10 +248,11 @@ class LogTails:
         # through the states of all couplings since (kept here)
         self._origin = (float(t), g.copy(), [(float(t), self._previous)])
         self._map = None
-        self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan}
+        self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan, "tail_retraced": 0}
         if last:
             self.last.update({key: last[key] for key in self.last if key in last})
             self.last["tail_cells"] = int(self.last["tail_cells"])
+            self.last["tail_retraced"] = int(self.last["tail_retraced"])
         self.rate = self.log_rate(self._previous) if rate is None else np.array(rate, dtype=float)
         self._mesh_top = float(f.max())
         if self.reference == "clusters" and atoms is not None:
@@ -313,11 +330,12 @@ class LogTails:
         if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
             self._origin = (float(t), g.copy(), [(float(t), self._previous)])
             self._map = None
-        elif self.maps:  # the paths of the next coupling start here
+        elif self.maps and not self.selective:  # the paths of the next coupling start here
             self._origin = (self._origin[0], self._origin[1], [(float(t), self._previous)])
         else:
             self._origin[2].extend(self._states_kept + [(float(t), self._previous)])
-        self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift}
+        self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift,
+                     "tail_retraced": self.retraced if self.selective else 0}
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
         return changed
@@ -330,8 +348,35 @@ class LogTails:
         departure points. The maps are smooth where the field is (at β = 30 its width is 0.18 rad),
         and cost one interval's paths per coupling instead of the retraced span since the anchor."""
         here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt))
-        self._map = departure, integral = compose_paths(self.interpolant, *here, self._map)  # None at the anchor
+        earlier = self._map  # None at the anchor
+        departure, integral = compose_paths(self.interpolant, *here, earlier)
+        self.retraced = 0
+        if self.selective and earlier is not None:
+            bent = self._bent(origin_g, earlier, here[0], departure)
+            self.retraced = int(bent.sum())
+            if self.retraced:  # these paths whole, through the states of every coupling since the anchor
+                origin_t = self._origin[0]
+                span = t0 + dt - origin_t
+                departure[bent], integral[bent] = trace_back(self.interpolant.centroids[bent], field, origin_t, span,
+                                                             self._path_steps(span, dt))
+        self._map = departure, integral
         return self.interpolant(origin_g, departure) - integral
+
+    def _bent(self, origin_g, earlier, feet_now, departure):
+        """The centroids whose composed map is not to be trusted ("selective"): where the earlier
+        map (departure points X₀ at the anchor, integral D₀), interpolated at this interval's
+        departure points y₀, bends within the cell, by more than retrace_tolerance decades of g:
+        |∇g_a · δX₀| + |δD₀| > tol · ln 10, δ the fit's terms of degree ≥ 2 at y₀
+        (PolynomialInterpolant.bend), ∇g_a the anchor's slope at the cell of the composed
+        departure point. Where the flow folds the tails into fronts the maps bend, and there
+        interpolating them smears g (docs/numerics.md)."""
+        if self._anchor_slopes[0] != self._origin[0]:
+            self._anchor_slopes = (self._origin[0], self.interpolant.slopes(origin_g, limited=False))
+        feet, integral_before = earlier
+        bend = self.interpolant.bend(np.column_stack([feet, integral_before]), feet_now)
+        slope = self._anchor_slopes[1][self.interpolant.cells_of(departure)]
+        error = np.abs(np.sum(slope * bend[:, :3], axis=1)) + np.abs(bend[:, 3])
+        return error > self.retrace_tolerance * math.log(10.0)
 
     @property
     def anchor_time(self) -> float:

@@ -151,7 +151,8 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
     overrides = [] if tails in (True, False) else list(tails)
     tag = ("" if tails is False else "tails_" if "eulerian.tail_anchor=0.0" in overrides
-           else "tails_maps_" if MAPS in overrides else "tails_retraced_" if RETRACED[1] in overrides
+           else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
+           else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
     name = f"background_run_{tag}nside{nside}{_saves_tag(save_every)}.nc"
     cfg, ds = ensure_run(out / name, nside, max(times), say, tails, save_every)
@@ -307,6 +308,8 @@ MAPS = 'eulerian.tail_paths="maps"'  # the composed maps between anchors (docs/n
 # the tail level relative to the clusters' peaks, couplings every 0.05 (docs/numerics.md#a-tail-level-relative-to-the-clusters-peaks-and-the-coupling-interval)
 CLUSTERS = ('eulerian.tail_reference="clusters"', "eulerian.tail_interval=0.05")
 RETRACED = ('eulerian.tail_paths="retrace"', "eulerian.tail_anchor=5.0")
+# the composed maps, retraced to the anchor where they bend (tail_paths = "selective"), anchors 5.0 apart
+SELECTIVE = ('eulerian.tail_paths="selective"', "eulerian.tail_anchor=5.0")
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, the defaults": [],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": list(CLUSTERS),
