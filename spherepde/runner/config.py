@@ -66,7 +66,11 @@ A config has the sections
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces where the composed map bends by more than
-                   tail_retrace_tolerance decades of g, default 0.01, (0, 1]), tail_substeps (1: g's
+                   tail_retrace_tolerance decades of g, default 0.01, (0, 1]),
+                   tail_follow_bounds ("none" (default): the followed tail cells take g's rate
+                   alone; "neighbours": each within the range of f over itself and its 8
+                   neighbours at the last coupling, so a front that has just passed is not
+                   extrapolated), tail_substeps (1: g's
                    paths see the states at the couplings, linear in time between them; k > 1:
                    the states after every step, k times the path steps), tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
@@ -119,7 +123,7 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, TAIL_PATHS, TAIL_RETRACE_TOLERANCE
+from ..solvers.tails import TAIL_ANCHOR, TAIL_FOLLOW_BOUNDS, TAIL_PATH_STEP, TAIL_PATHS, TAIL_RETRACE_TOLERANCE
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -150,7 +154,8 @@ DEFAULTS = {
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
                  "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_reference": "mesh",
-                 "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "near_field_profile": None},
+                 "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "none",
+                 "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
                   "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
@@ -714,6 +719,9 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
     if eul["tail_paths"] not in TAIL_PATHS:
         raise ConfigError(f'[eulerian] tail_paths: must be "retrace", "maps" or "selective", got {eul["tail_paths"]!r}')
+    if eul["tail_follow_bounds"] not in TAIL_FOLLOW_BOUNDS:
+        raise ConfigError(f'[eulerian] tail_follow_bounds: must be "none" or "neighbours", '
+                          f'got {eul["tail_follow_bounds"]!r}')
     eul["tail_retrace_tolerance"] = _number("eulerian", "tail_retrace_tolerance", eul["tail_retrace_tolerance"],
                                             positive=True, high=1.0)
     if eul["tail_reference"] not in TAIL_LEVEL_REFERENCES:
@@ -972,6 +980,7 @@ ADDED_KEYS[("eulerian", "atom_shape")] = "point"  # the atoms were points before
 ADDED_KEYS[("eulerian", "tail_reference")] = "mesh"  # the tail level was relative to the mesh's largest f
 # the selective paths came later; the tolerance acts with them only, so old files imply the default
 ADDED_KEYS[("eulerian", "tail_retrace_tolerance")] = TAIL_RETRACE_TOLERANCE
+ADDED_KEYS[("eulerian", "tail_follow_bounds")] = "none"  # and the bounds of the followed tail cells
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -981,7 +990,7 @@ ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance")
+             "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 

@@ -171,7 +171,7 @@ def _tail_options(eul):
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
             "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"],
-            "retrace_tolerance": eul["tail_retrace_tolerance"]}
+            "retrace_tolerance": eul["tail_retrace_tolerance"], "follow_bounds": eul["tail_follow_bounds"]}
 
 
 def run_times(config) -> list[float]:
@@ -343,7 +343,8 @@ class RunSetup:
                                "tail_anchor": eul["tail_anchor"], "tail_path_step": eul["tail_path_step"],
                                "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"],
                                "tail_reference": eul["tail_reference"],
-                               "tail_retrace_tolerance": eul["tail_retrace_tolerance"]})
+                               "tail_retrace_tolerance": eul["tail_retrace_tolerance"],
+                               "tail_follow_bounds": eul["tail_follow_bounds"]})
             if eul["tail_reference"] == "clusters":
                 self.arrays.update(TAIL_PEAK_ARRAYS)
 

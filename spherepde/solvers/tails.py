@@ -62,10 +62,11 @@ import numpy as np
 
 from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
-from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, compose_paths, trace_back
+from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, compose_paths, trace_back, unit_rows
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
-           "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE"]
+           "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
+           "TAIL_FOLLOW_BOUNDS"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -88,6 +89,11 @@ TAIL_PATH_STEP = 0.1
 TAIL_PATHS = ("retrace", "maps", "selective")
 TAIL_PATHS_DEFAULT = "retrace"
 TAIL_RETRACE_TOLERANCE = 0.01  # decades of g
+# what bounds the tail cells that follow g's rate between couplings: "none" (the rate alone), or
+# "neighbours": each stays within the range of f over itself and its 8 neighbours at the last coupling
+# (the local maximum principle of transport over one interval), so that a front that has just passed,
+# whose rate is not the next interval's, is not extrapolated (LogTails._follow)
+TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -159,9 +165,13 @@ class LogTails:
                  exclusion: float = TAIL_EXCLUSION, reset: str = "none", limited: bool = False,
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
-                 path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE):
+                 path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
+                 follow_bounds: str = "none"):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
+        if follow_bounds not in TAIL_FOLLOW_BOUNDS:
+            raise ValueError(f"follow_bounds must be one of {TAIL_FOLLOW_BOUNDS}, got {follow_bounds!r}")
+        self.follow_bounds = follow_bounds
         if not retrace_tolerance > 0.0:
             raise ValueError(f"retrace_tolerance must be > 0, got {retrace_tolerance!r}")
         if not anchor >= 0.0:
@@ -178,7 +188,8 @@ class LogTails:
         self.selective = paths == "selective"
         self.retrace_tolerance = float(retrace_tolerance)
         self.retraced = 0  # centroids whose paths the last coupling retraced to the anchor ("selective")
-        self._anchor_slopes = (math.nan, None)  # (anchor time, ∇g there at the centroids), for _bent
+        self._anchor_slopes = (math.nan, None)  # (anchor time, ∇g there at the centroids), for _selective
+        self._cubic = None  # the cubic interpolant of the selective paths' error estimate
         self._map = None  # (departure points at the anchor, ∫ div_S v since) of the centroids now
         self.path_step = None if path_step is None else float(path_step)
         if reference not in TAIL_REFERENCES:
@@ -349,34 +360,52 @@ class LogTails:
         and cost one interval's paths per coupling instead of the retraced span since the anchor."""
         here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt))
         earlier = self._map  # None at the anchor
-        departure, integral = compose_paths(self.interpolant, *here, earlier)
         self.retraced = 0
-        if self.selective and earlier is not None:
-            bent = self._bent(origin_g, earlier, here[0], departure)
-            self.retraced = int(bent.sum())
-            if self.retraced:  # these paths whole, through the states of every coupling since the anchor
-                origin_t = self._origin[0]
-                span = t0 + dt - origin_t
-                departure[bent], integral[bent] = trace_back(self.interpolant.centroids[bent], field, origin_t, span,
-                                                             self._path_steps(span, dt))
-        self._map = departure, integral
+        if not self.selective or earlier is None:
+            departure, integral = compose_paths(self.interpolant, *here, earlier[:2] if earlier else None)
+            self._map = departure, integral, np.zeros(len(integral))
+            return self.interpolant(origin_g, departure) - integral
+        departure, integral, budget = self._selective(origin_g, earlier, *here)
+        retrace = budget > self.retrace_tolerance * math.log(10.0)
+        self.retraced = int(retrace.sum())
+        if self.retraced:  # these paths whole, through the states of every coupling since the anchor: exact maps
+            origin_t = self._origin[0]
+            span = t0 + dt - origin_t
+            departure[retrace], integral[retrace] = trace_back(self.interpolant.centroids[retrace], field, origin_t,
+                                                               span, self._path_steps(span, dt))
+            budget[retrace] = 0.0
+        self._map = departure, integral, budget
         return self.interpolant(origin_g, departure) - integral
 
-    def _bent(self, origin_g, earlier, feet_now, departure):
-        """The centroids whose composed map is not to be trusted ("selective"): where the earlier
-        map (departure points X₀ at the anchor, integral D₀), interpolated at this interval's
-        departure points y₀, bends within the cell, by more than retrace_tolerance decades of g:
-        |∇g_a · δX₀| + |δD₀| > tol · ln 10, δ the fit's terms of degree ≥ 2 at y₀
-        (PolynomialInterpolant.bend), ∇g_a the anchor's slope at the cell of the composed
-        departure point. Where the flow folds the tails into fronts the maps bend, and there
-        interpolating them smears g (docs/numerics.md)."""
+    INDICATOR = "cubic"  # experiment switch: "cubic" (quadratic − cubic fit) or "bend" (terms of degree ≥ 2)
+    ACCUMULATE = True
+
+    def _selective(self, origin_g, earlier, feet_now, integral_now):
+        """The composed map of the centroids ("selective"; compose_paths) and its error budget: the
+        earlier map (departure points X₀ at the anchor, integral D₀, budget b₀) interpolated at
+        this interval's departure points y₀, and b = b₀(y₀) + |∇g_a · δX₀| + |δD₀| in units of g,
+        δ the difference between the quadratic and the cubic fits at y₀ (the quadratic's
+        interpolation error, to leading order), ∇g_a the anchor's slope at the cell of the composed
+        departure point. The budget is carried along the paths like the map itself, so the
+        errors of many small compositions add up where they would; a centroid whose budget
+        exceeds the tolerance is retraced (its map exact again, its budget 0). Where the flow folds
+        the tails into fronts the maps bend, and there interpolating them smears g (docs/numerics.md)."""
         if self._anchor_slopes[0] != self._origin[0]:
             self._anchor_slopes = (self._origin[0], self.interpolant.slopes(origin_g, limited=False))
-        feet, integral_before = earlier
-        bend = self.interpolant.bend(np.column_stack([feet, integral_before]), feet_now)
+        feet, integral_before, budget_before = earlier
+        columns = np.column_stack([feet, integral_before, budget_before])
+        quadratic = self.interpolant(columns, feet_now)
+        departure = unit_rows(quadratic[:, :3])
+        if self.INDICATOR == "cubic":
+            if self._cubic is None:
+                self._cubic = PolynomialInterpolant(self.mesh, degree=3)
+            delta = quadratic[:, :4] - self._cubic(columns[:, :4], feet_now)
+        else:
+            delta = self.interpolant.bend(columns[:, :4], feet_now)
         slope = self._anchor_slopes[1][self.interpolant.cells_of(departure)]
-        error = np.abs(np.sum(slope * bend[:, :3], axis=1)) + np.abs(bend[:, 3])
-        return error > self.retrace_tolerance * math.log(10.0)
+        error = np.abs(np.sum(slope * delta[:, :3], axis=1)) + np.abs(delta[:, 3])
+        budget = (np.maximum(quadratic[:, 4], 0.0) if self.ACCUMULATE else 0.0) + error
+        return departure, integral_now + quadratic[:, 3], budget
 
     @property
     def anchor_time(self) -> float:
@@ -411,7 +440,13 @@ class LogTails:
         if not cells.size:
             self._anchor = None
             return
-        self._anchor = (float(t), cells, f[cells].copy(), self.rate[cells], top)
+        if self.follow_bounds == "neighbours":  # f over each cell and its neighbours (−1: none there)
+            stencil = self.interpolant.stencil[cells]
+            around = np.where(stencil >= 0, f[np.maximum(stencil, 0)], f[cells, None])
+            low, high = around.min(axis=1), np.minimum(around.max(axis=1), top)
+        else:
+            low, high = 0.0, top
+        self._anchor = (float(t), cells, f[cells].copy(), self.rate[cells], low, high)
 
     def forget_anchor(self):
         """Follow nothing until the next coupling: the atoms changed (a new atom's patch decides
@@ -421,7 +456,8 @@ class LogTails:
     def follow_tail(self, t, f, atoms):
         """Between two couplings (t after the last, t₁, before the next): the followed tail cells
         take their values at t₁ times e^{(t − t₁)r} (r = self.rate), at most the level × the
-        largest f then, in place; the rest of the measure is scaled to keep the mass. Without this
+        largest f then (follow_bounds "neighbours": and within the range of f over the cell and its
+        neighbours then), in place; the rest of the measure is scaled to keep the mass. Without this
         the finite volumes move accurate tails by 0.15–0.9 decades within an interval of 0.05
         (nside 16, β = 30, t = 6–16), where following is off by 0.04–0.12 (docs/numerics.md)."""
         if self._anchor is not None:
@@ -430,8 +466,8 @@ class LogTails:
             self._states.append((float(t), self.field_of(f, atoms)))
 
     def _follow(self, t, f, atoms):
-        t1, cells, values, rate, cap = self._anchor
-        new = np.minimum(values * np.exp((t - t1) * rate), cap)
+        t1, cells, values, rate, low, high = self._anchor
+        new = np.clip(values * np.exp((t - t1) * rate), low, high)
         moved = float((new - f[cells]).sum() * self.mesh.area)
         rest = np.ones(f.shape, dtype=bool)
         rest[cells] = False

@@ -19,7 +19,7 @@ from spherepde.models.initial import ProjectedNormal, Uniform
 from spherepde.runner.config import ConfigError, resolve
 from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
-from spherepde.solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, coupling_schedule, coupling_times
+from spherepde.solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, LogTails, coupling_schedule, coupling_times
 from spherepde.storage.runfile import open_run
 from spherepde.transport.semi_lagrangian import PolynomialInterpolant, advance_log_density
 from spherepde.validation.tails import exact_cell_averages, zero_temperature_field_of
@@ -562,6 +562,36 @@ def test_selective_paths_are_the_maps_retraced_where_they_bend():
     assert retraced["all retraced", 2.8] == mesh.npix
     with pytest.raises(ValueError, match="retrace_tolerance"):
         EulerianSolver(mesh, model, atoms={}, tails={"paths": "selective", "retrace_tolerance": 0.0})
+
+
+def test_bounded_following_does_not_extrapolate_a_front_that_has_passed():
+    """follow_bounds "neighbours": a tail cell whose g rose by 16 over the last interval (a front
+    passing, as in the vMF run of tails_retrace.toml at t = 7.3–7.35, nside 16) stays within the
+    range of f over itself and its neighbours at the coupling, where the rate alone carries it
+    e^{16} higher within the next interval; the mass of the measure is kept either way."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, np.inf)
+    rng = np.random.default_rng(3)
+    f0 = 10.0 ** rng.uniform(-12, -6, mesh.npix)
+    f0[:64] = 1.0 / mesh.area / 64  # the bulk: one unit of mass on 64 cells
+    followed = {}
+    for bounds in ("none", "neighbours"):
+        tails = LogTails(mesh, model, follow_bounds=bounds)
+        f = f0.copy()
+        tails.start(0.0, np.log(f), f, None)
+        tails.rate = np.full(mesh.npix, 16.0 / 0.05)
+        tails._anchor_at(0.0, f, None)
+        mass = f.sum() * mesh.area
+        tails.follow_tail(0.05, f, None)
+        assert f.sum() * mesh.area == pytest.approx(mass, rel=1e-12)
+        followed[bounds] = f
+    cells = tails._anchor[1]
+    stencil = tails.interpolant.stencil[cells]
+    around = np.where(stencil >= 0, f0[np.maximum(stencil, 0)], f0[cells, None])
+    assert np.all(followed["neighbours"][cells] <= around.max(axis=1) * (1 + 1e-12))
+    assert np.any(followed["none"][cells] > 1e3 * around.max(axis=1))
+    with pytest.raises(ValueError, match="follow_bounds"):
+        LogTails(mesh, model, follow_bounds="upwind")
 
 
 def test_paths_of_g_see_a_kernel_narrower_than_a_cell():
