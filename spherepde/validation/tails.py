@@ -482,9 +482,11 @@ RUN_FILE_SIGMA = RUN_FILE_MAPS.replace(", spherepde run", ", sigma atoms, tail c
 # solvers/sweeps/tails_clusters.toml (`tail_reference = "clusters"`, `tail_interval = 0.05`)
 RUN_FILE_CLUSTERS = RUN_FILE_SIGMA.replace("coupling every 0.2 (saves every 0.2)", "coupling every 0.05 (saves every 0.2)").replace(
     ", spherepde run", ", level relative to the clusters' peaks, spherepde run")
-# and with g's composed maps retraced to anchors 5.0 apart where they bend, from a run file of
-# solvers/sweeps/tails_selective.toml (`tail_paths = "selective"`, `tail_anchor = 5.0`)
-RUN_FILE_SELECTIVE = RUN_FILE_CLUSTERS.replace(", spherepde run", ", selective paths to anchors every 5.0, spherepde run")
+# and with g's composed maps retraced to anchors 5.0 apart where their error budget runs out, the
+# followed tail cells bounded by their neighbours, from a run file of solvers/sweeps/tails_selective.toml
+# (`tail_paths = "selective"`, `tail_anchor = 5.0`, `tail_follow_bounds = "neighbours"`)
+RUN_FILE_SELECTIVE = RUN_FILE_CLUSTERS.replace(", spherepde run", ", selective paths to anchors every 5.0, followed "
+                                                                   "within the neighbours, spherepde run")
 # what `[eulerian] tails = "log"` runs by default: g interpolated at anchors 1.0 apart with the composed
 # maps between them, sigma atoms and the tail cut
 DEFAULT_TAILS = {"anchor": 1.0, "path_step": 0.1, "paths": "maps", "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128}}
@@ -503,7 +505,7 @@ HYBRID_VARIANTS = {
     RUN_FILE_SIGMA: {"interval": 0.2, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS},
     RUN_FILE_CLUSTERS: {"interval": 0.05, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS, "reference": "clusters"},
     RUN_FILE_SELECTIVE: {"interval": 0.05, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS, "reference": "clusters",
-                         "paths": "selective", "anchor": 5.0},
+                         "paths": "selective", "anchor": 5.0, "follow_bounds": "neighbours"},
     # how a new atom is made (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma):
     # its patch keeps the e^{linear} fit of its outer ring (`atom_cut = "tail"`), and/or it is four points
     # with the cluster's covariance (`atom_shape = "sigma"`; 128 slots, four per atom until they merge)
@@ -662,7 +664,8 @@ def run_file_variant(eul):
     if made != ("sigma", "tail") or variant != RUN_FILE_MAPS:
         return None
     if paths == "selective":  # its own tolerance, anchors every 5.0
-        selective = (eul.get("tail_anchor"), eul.get("tail_retrace_tolerance"), level) == (5.0, 0.01, ("clusters", 0.05))
+        selective = ((eul.get("tail_anchor"), eul.get("tail_retrace_tolerance"), eul.get("tail_follow_bounds"), level)
+                     == (5.0, 0.01, "neighbours", ("clusters", 0.05)))
         return RUN_FILE_SELECTIVE if selective else None
     return {("mesh", 0.2): RUN_FILE_SIGMA, ("clusters", 0.05): RUN_FILE_CLUSTERS}.get(level)
 

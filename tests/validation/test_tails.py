@@ -184,7 +184,8 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     assert tails.run_file_variant({**sigma, "tail_reference": "clusters", "tail_interval": 0.2}) is None
     assert tails.run_file_variant({**sigma, "tail_reference": "mesh", "tail_interval": 0.05}) is None
     assert tails.run_file_variant({"tail_reference": "clusters"}) is None
-    selective = {**sigma, "tail_reference": "clusters", "tail_interval": 0.05, "tail_paths": "selective"}
+    selective = {**sigma, "tail_reference": "clusters", "tail_interval": 0.05, "tail_paths": "selective",
+                 "tail_follow_bounds": "neighbours"}
     assert tails.run_file_variant({**selective, "tail_anchor": 5.0, "tail_retrace_tolerance": 0.01}) == tails.RUN_FILE_SELECTIVE
     assert tails.run_file_variant({**selective, "tail_anchor": 5.0, "tail_retrace_tolerance": 0.001}) is None
     assert tails.run_file_variant({**selective, "tail_retrace_tolerance": 0.01}) is None  # anchors every 1.0
