@@ -65,8 +65,8 @@ A config has the sections
                    step of those paths, default 0.1, (0, 1]), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
-                   them and retraces where the composed map bends by more than
-                   tail_retrace_tolerance decades of g, default 0.01, (0, 1]),
+                   them and retraces a centroid once its map's error budget, carried along its
+                   path, exceeds tail_retrace_tolerance decades of g, default 0.01, (0, 1]),
                    tail_follow_bounds ("none" (default): the followed tail cells take g's rate
                    alone; "neighbours": each within the range of f over itself and its 8
                    neighbours at the last coupling, so a front that has just passed is not

@@ -22,9 +22,9 @@ coupling_schedule):
    after every step; with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
    composed there with that coupling's departure points at the anchor and divergence integral
    (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
-   with paths "selective" the maps, retraced to the anchor at the centroids where the map they
-   interpolate bends by more than `retrace_tolerance` decades of g within a cell (the fronts of
-   the tails, where interpolating the maps smears g);
+   with paths "selective" the maps, retraced to the anchor at the centroids whose map's error
+   budget (the quadratic against the cubic fit at every composition, carried along the paths)
+   exceeds `retrace_tolerance` decades of g;
 2. every tail cell takes the cell average ⟨e^g⟩: a cell is in the tail when min(f, ⟨e^g⟩) is
    below `level` × the mesh's largest f (criterion "min"; "fv": f alone; reference "measure":
    × the largest of that and every atom's mass per cell area) and its centroid lies farther
@@ -83,9 +83,9 @@ TAIL_PATH_STEP = 0.1
 # how a coupling between anchors gets its paths back to the anchor: "retrace" them through the
 # states of every coupling since, or "maps": compose this interval's paths with the last
 # coupling's departure points and divergence integral, interpolated (LogTails._composed)
-# or "selective": the composed maps, retraced to the anchor at the centroids where the map they
-# interpolate bends by more than TAIL_RETRACE_TOLERANCE decades of g within a cell (LogTails._bent):
-# across the fronts of the tails, where interpolating the maps smears g
+# or "selective": the composed maps, retraced to the anchor at the centroids whose map has used up an
+# error budget of TAIL_RETRACE_TOLERANCE decades of g (LogTails._selective): across the fronts of the
+# tails, where interpolating the maps smears g, and where many small compositions add up
 TAIL_PATHS = ("retrace", "maps", "selective")
 TAIL_PATHS_DEFAULT = "retrace"
 TAIL_RETRACE_TOLERANCE = 0.01  # decades of g
@@ -157,7 +157,7 @@ class LogTails:
     last coupling, interpolated at every one (as before the anchors). paths "retrace" (default):
     each coupling retraces its paths to the anchor; "maps": it traces its own interval and
     composes it with the last coupling's map (_composed); "selective": the maps, retraced where
-    they bend by more than retrace_tolerance decades of g (_bent; `retraced` counts those
+    their error budget exceeds retrace_tolerance decades of g (_selective; `retraced` counts those
     centroids at the last coupling); "start": anchor = ∞, g interpolated at
     the start only (an experiment: cost grows as t², and a resumed run restarts there)."""
 
@@ -184,13 +184,13 @@ class LogTails:
         self.anchor = math.inf if paths == "start" else float(anchor)
         # "maps": the couplings in between compose the anchor's paths instead of retracing them
         self.maps = paths in ("maps", "selective")
-        # "selective": the maps retraced where they bend (_bent); the states since the anchor kept
+        # "selective": the maps retraced where their budget runs out (_selective); the states since the anchor kept
         self.selective = paths == "selective"
         self.retrace_tolerance = float(retrace_tolerance)
         self.retraced = 0  # centroids whose paths the last coupling retraced to the anchor ("selective")
         self._anchor_slopes = (math.nan, None)  # (anchor time, ∇g there at the centroids), for _selective
         self._cubic = None  # the cubic interpolant of the selective paths' error estimate
-        self._map = None  # (departure points at the anchor, ∫ div_S v since) of the centroids now
+        self._map = None  # (departure points at the anchor, ∫ div_S v since, error budget) of the centroids now
         self.path_step = None if path_step is None else float(path_step)
         if reference not in TAIL_REFERENCES:
             raise ValueError(f"reference must be one of {TAIL_REFERENCES}, got {reference!r}")
@@ -377,9 +377,6 @@ class LogTails:
         self._map = departure, integral, budget
         return self.interpolant(origin_g, departure) - integral
 
-    INDICATOR = "cubic"  # experiment switch: "cubic" (quadratic − cubic fit) or "bend" (terms of degree ≥ 2)
-    ACCUMULATE = True
-
     def _selective(self, origin_g, earlier, feet_now, integral_now):
         """The composed map of the centroids ("selective"; compose_paths) and its error budget: the
         earlier map (departure points X₀ at the anchor, integral D₀, budget b₀) interpolated at
@@ -396,15 +393,12 @@ class LogTails:
         columns = np.column_stack([feet, integral_before, budget_before])
         quadratic = self.interpolant(columns, feet_now)
         departure = unit_rows(quadratic[:, :3])
-        if self.INDICATOR == "cubic":
-            if self._cubic is None:
-                self._cubic = PolynomialInterpolant(self.mesh, degree=3)
-            delta = quadratic[:, :4] - self._cubic(columns[:, :4], feet_now)
-        else:
-            delta = self.interpolant.bend(columns[:, :4], feet_now)
+        if self._cubic is None:
+            self._cubic = PolynomialInterpolant(self.mesh, degree=3)
+        delta = quadratic[:, :4] - self._cubic(columns[:, :4], feet_now)
         slope = self._anchor_slopes[1][self.interpolant.cells_of(departure)]
         error = np.abs(np.sum(slope * delta[:, :3], axis=1)) + np.abs(delta[:, 3])
-        budget = (np.maximum(quadratic[:, 4], 0.0) if self.ACCUMULATE else 0.0) + error
+        budget = np.maximum(quadratic[:, 4], 0.0) + error  # an interpolated budget may dip below 0 beside a retraced one
         return departure, integral_now + quadratic[:, 3], budget
 
     @property

@@ -171,25 +171,6 @@ class PolynomialInterpolant:
         out[rows] = slopes
         return out
 
-    def bend(self, values, points):
-        """The terms of degree ≥ 2 of the fit of values (npix,) or (npix, k) at points (n, 3): what a
-        linear interpolant of the same fit lacks, about h² × the second derivatives, so large
-        where the values bend within a cell (an indicator of the interpolation error there, not
-        the error itself, which is of order h³ × the third derivatives)."""
-        points = np.ascontiguousarray(points, dtype=float)
-        values = np.asarray(values, dtype=float)
-        cells = self.cells_of(points)
-        basis = self._monomials_at(points, cells)
-        basis[:, :3] = 0.0  # 1, u, v: the linear part
-        columns = values[:, None] if values.ndim == 1 else values
-        out = np.empty((points.shape[0], columns.shape[1]))
-        column = np.empty(points.shape[0])
-        for k in range(columns.shape[1]):
-            polynomial_interpolate(np.ascontiguousarray(columns[:, k]), self.stencil, self.fits,
-                                   np.ascontiguousarray(basis), cells, False, column)
-            out[:, k] = column
-        return out[:, 0] if values.ndim == 1 else out
-
     def cells_of(self, points):
         return hp.vec2pix(self.mesh.nside, points[:, 0], points[:, 1], points[:, 2], nest=True).astype(np.int64)
 

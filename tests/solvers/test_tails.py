@@ -533,12 +533,12 @@ def test_composed_maps_interpolate_g_at_the_anchors_and_the_smooth_maps_between(
         EulerianSolver(mesh, model, atoms={}, tails={"paths": "compose"})
 
 
-def test_selective_paths_are_the_maps_retraced_where_they_bend():
+def test_selective_paths_are_the_maps_retraced_where_their_budget_runs_out():
     """LogTails(paths="selective") at β = ∞ (the field is local, so a subset of paths is the same
-    as the whole set's rows): with a tolerance no bend reaches it is the composed maps bit for bit;
-    with one every bend exceeds, the retraced paths (every centroid retraced); with 0.001 decades,
+    as the whole set's rows): with a tolerance no budget reaches it is the composed maps bit for bit;
+    with one every budget exceeds, the retraced paths (every centroid retraced); with 0.001 decades,
     between the two: some centroids retraced, and g closer to the exact log density than the maps
-    (p90 at t = 2.8, nside 8: maps 0.045, these 0.010, the retraced paths 0.008)."""
+    (p90 at t = 2.8, nside 8: maps 0.045, these 0.008, the retraced paths 0.008)."""
     mesh = HealpixMesh(8)
     model = AttentionModel(PAPER_B, PAPER_V, np.inf)
     f0 = Uniform().cell_averages(mesh)

@@ -83,23 +83,6 @@ def test_interpolation_of_a_smooth_function_is_third_order(mesh_factory):
     assert math.log2(errors[0] / errors[1]) > 2.7, errors
 
 
-def test_the_bend_is_what_a_linear_fit_lacks_and_falls_as_h_squared(mesh_factory):
-    """PolynomialInterpolant.bend: zero for constant values; for a smooth function it is the fit's
-    quadratic part, about h²/2 × the second derivatives, so it falls 4× per halving of the cells
-    (the interpolation error itself falls 8×); several columns at once give the same as one by one."""
-    points = random_points(2000, 4)
-    bends = []
-    for nside in (16, 32):
-        interp = PolynomialInterpolant(mesh_factory(nside))
-        assert np.abs(interp.bend(np.full(interp.mesh.npix, 2.5), points)).max() < 1e-12
-        values = smooth(interp.centroids)
-        bend = interp.bend(values, points)
-        both = interp.bend(np.column_stack([values, 2 * values]), points)
-        np.testing.assert_allclose(both, np.column_stack([bend, 2 * bend]), rtol=1e-12, atol=1e-15)
-        bends.append(np.percentile(np.abs(bend), 90))
-    assert 1.7 < math.log2(bends[0] / bends[1]) < 2.3, bends
-
-
 def test_interpolation_of_degree_3_is_fourth_order_and_beats_degree_2(mesh_factory):
     points = random_points(2000, 3)
     errors = []
