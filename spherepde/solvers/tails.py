@@ -346,7 +346,7 @@ class LogTails:
         else:
             self._origin[2].extend(self._states_kept + [(float(t), self._previous)])
         self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift,
-                     "tail_retraced": self.retraced if self.selective else 0}
+                     "tail_retraced": self.retraced}  # 0 but with the selective paths
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
         return changed
