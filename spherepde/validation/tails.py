@@ -482,6 +482,9 @@ RUN_FILE_SIGMA = RUN_FILE_MAPS.replace(", spherepde run", ", sigma atoms, tail c
 # solvers/sweeps/tails_clusters.toml (`tail_reference = "clusters"`, `tail_interval = 0.05`)
 RUN_FILE_CLUSTERS = RUN_FILE_SIGMA.replace("coupling every 0.2 (saves every 0.2)", "coupling every 0.05 (saves every 0.2)").replace(
     ", spherepde run", ", level relative to the clusters' peaks, spherepde run")
+# and with the followed tail cells bounded by their neighbours, from a run file of
+# solvers/sweeps/tails_bounded.toml (`tail_follow_bounds = "neighbours"`)
+RUN_FILE_BOUNDED = RUN_FILE_CLUSTERS.replace(", spherepde run", ", followed within the neighbours, spherepde run")
 # and with g's composed maps retraced to anchors 5.0 apart where their error budget runs out, the
 # followed tail cells bounded by their neighbours, from a run file of solvers/sweeps/tails_selective.toml
 # (`tail_paths = "selective"`, `tail_anchor = 5.0`, `tail_follow_bounds = "neighbours"`)
@@ -504,6 +507,8 @@ HYBRID_VARIANTS = {
                     "paths": "maps"},
     RUN_FILE_SIGMA: {"interval": 0.2, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS},
     RUN_FILE_CLUSTERS: {"interval": 0.05, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS, "reference": "clusters"},
+    RUN_FILE_BOUNDED: {"interval": 0.05, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS, "reference": "clusters",
+                       "follow_bounds": "neighbours"},
     RUN_FILE_SELECTIVE: {"interval": 0.05, "save_every": 0.2, "from_run": True, **DEFAULT_TAILS, "reference": "clusters",
                          "paths": "selective", "anchor": 5.0, "follow_bounds": "neighbours"},
     # how a new atom is made (docs/numerics.md#atoms-that-keep-their-clusters-spread-atom_shape--sigma):
@@ -667,6 +672,8 @@ def run_file_variant(eul):
         selective = ((eul.get("tail_anchor"), eul.get("tail_retrace_tolerance"), eul.get("tail_follow_bounds"), level)
                      == (5.0, 0.01, "neighbours", ("clusters", 0.05)))
         return RUN_FILE_SELECTIVE if selective else None
+    if eul.get("tail_follow_bounds", "none") == "neighbours":
+        return RUN_FILE_BOUNDED if level == ("clusters", 0.05) else None
     return {("mesh", 0.2): RUN_FILE_SIGMA, ("clusters", 0.05): RUN_FILE_CLUSTERS}.get(level)
 
 
@@ -676,7 +683,8 @@ def import_runs(runs, cache, partial=False):
     interpolated at every coupling), RUN_FILE_ANCHORED (`tail_anchor` > 0), RUN_FILE_MAPS (and
     `tail_paths = "maps"`), RUN_FILE_SIGMA (and `atom_shape = "sigma"`, `atom_cut = "tail"`; other
     atoms than the default points cut at the floor are not kept) or RUN_FILE_CLUSTERS (and
-    `tail_reference = "clusters"`, `tail_interval = 0.05`; other levels are not kept) for its law, nside and β (not
+    `tail_reference = "clusters"`, `tail_interval = 0.05`; other levels are not kept), RUN_FILE_BOUNDED (and
+    `tail_follow_bounds = "neighbours"`) or RUN_FILE_SELECTIVE (run_file_variant) for its law, nside and β (not
     replacing one already kept, unless that one was partial);
     partial: unfinished runs too, as far as they got (the report then says where they end: the
     F-onset and the maximum of the alignment with E are final once past, the rest is not). The

@@ -171,7 +171,8 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     sweeps = REPO / "solvers" / "sweeps"
     for name, variant in [("tails_convergence", tails.RUN_FILE_VARIANT), ("tails_anchored", tails.RUN_FILE_ANCHORED),
                           ("tails_maps", tails.RUN_FILE_MAPS), ("tails_sigma", tails.RUN_FILE_SIGMA),
-                          ("tails_clusters", tails.RUN_FILE_CLUSTERS), ("tails_selective", tails.RUN_FILE_SELECTIVE)]:
+                          ("tails_clusters", tails.RUN_FILE_CLUSTERS), ("tails_selective", tails.RUN_FILE_SELECTIVE),
+                          ("tails_bounded", tails.RUN_FILE_BOUNDED)]:
         base = tomllib.loads((sweeps / f"{name}.toml").read_text())["base"]
         eul = resolve({"model": base["model"], "eulerian": base["eulerian"], "time": base["time"]})["eulerian"]
         assert tails.run_file_variant(eul) == variant, name
@@ -184,6 +185,9 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     assert tails.run_file_variant({**sigma, "tail_reference": "clusters", "tail_interval": 0.2}) is None
     assert tails.run_file_variant({**sigma, "tail_reference": "mesh", "tail_interval": 0.05}) is None
     assert tails.run_file_variant({"tail_reference": "clusters"}) is None
+    bounded = {**sigma, "tail_follow_bounds": "neighbours"}
+    assert tails.run_file_variant({**bounded, "tail_reference": "clusters", "tail_interval": 0.05}) == tails.RUN_FILE_BOUNDED
+    assert tails.run_file_variant({**bounded, "tail_reference": "mesh", "tail_interval": 0.2}) is None
     selective = {**sigma, "tail_reference": "clusters", "tail_interval": 0.05, "tail_paths": "selective",
                  "tail_follow_bounds": "neighbours"}
     assert tails.run_file_variant({**selective, "tail_anchor": 5.0, "tail_retrace_tolerance": 0.01}) == tails.RUN_FILE_SELECTIVE
