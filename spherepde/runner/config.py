@@ -67,10 +67,10 @@ A config has the sections
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
                    path, exceeds tail_retrace_tolerance decades of g, default 0.01, (0, 1]),
-                   tail_follow_bounds ("none" (default): the followed tail cells take g's rate
-                   alone; "neighbours": each within the range of f over itself and its 8
-                   neighbours at the last coupling, so a front that has just passed is not
-                   extrapolated), tail_substeps (1: g's
+                   tail_follow_bounds ("neighbours" (default): each followed tail cell stays
+                   within the range of f over itself and its 8 neighbours at the last coupling,
+                   so a front that has just passed is not extrapolated; "none": g's rate alone,
+                   as before the bound), tail_substeps (1: g's
                    paths see the states at the couplings, linear in time between them; k > 1:
                    the states after every step, k times the path steps), tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
@@ -154,7 +154,7 @@ DEFAULTS = {
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
                  "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_reference": "mesh",
-                 "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "none",
+                 "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
@@ -980,7 +980,7 @@ ADDED_KEYS[("eulerian", "atom_shape")] = "point"  # the atoms were points before
 ADDED_KEYS[("eulerian", "tail_reference")] = "mesh"  # the tail level was relative to the mesh's largest f
 # the selective paths came later; the tolerance acts with them only, so old files imply the default
 ADDED_KEYS[("eulerian", "tail_retrace_tolerance")] = TAIL_RETRACE_TOLERANCE
-ADDED_KEYS[("eulerian", "tail_follow_bounds")] = "none"  # and the bounds of the followed tail cells
+ADDED_KEYS[("eulerian", "tail_follow_bounds")] = "none"  # the followed tail cells were unbounded before the key
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)

@@ -150,7 +150,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
 
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
     overrides = [] if tails in (True, False) else list(tails)
-    tag = ("" if tails is False else "tails_" if "eulerian.tail_anchor=0.0" in overrides
+    tag = ("" if tails is False else "tails_defaults_" if not overrides else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
            else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
@@ -310,10 +310,14 @@ CLUSTERS = ('eulerian.tail_reference="clusters"', "eulerian.tail_interval=0.05")
 RETRACED = ('eulerian.tail_paths="retrace"', "eulerian.tail_anchor=5.0")
 # the composed maps, retraced to the anchor where they bend (tail_paths = "selective"), anchors 5.0 apart
 SELECTIVE = ('eulerian.tail_paths="selective"', "eulerian.tail_anchor=5.0")
+# the followed tail cells as these states were first run, before the bound by the neighbours became
+# the default (docs/numerics.md#selective-paths-the-maps-retraced-where-their-error-budget-runs-out)
+UNBOUNDED = 'eulerian.tail_follow_bounds="none"'
 TAIL_STATES = {"finite volumes + atoms": False,
-               "tails from log f, the defaults": [],
-               "tails from log f, couplings every 0.05, level relative to the clusters' peaks": list(CLUSTERS),
-               "the same, paths retraced to anchors every 5.0": list(CLUSTERS + RETRACED)}
+               "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
+               "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
+               "the same, paths retraced to anchors every 5.0": [*CLUSTERS, *RETRACED, UNBOUNDED],
+               "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": []}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
@@ -337,11 +341,13 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         + ("" if save_every == SAVE_EVERY else f" --save-every {save_every:g}") + "` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
         f"of solvers/atoms_base.toml, β = 30, atoms, snapshots every {save_every:g}) with the finite volumes alone and with "
-        "`[eulerian] tails = \"log\"`: the defaults (couplings every 0.2, level relative to the mesh's largest f, "
+        "`[eulerian] tails = \"log\"`: couplings every 0.2 (level relative to the mesh's largest f, "
         "g interpolated at anchors every 1.0 with the composed maps between them), couplings every 0.05 with the "
         "level relative to the clusters' peaks (`tail_interval = 0.05`, `tail_reference = \"clusters\"`), and "
         "the same with g's paths retraced to anchors every 5.0 (`tail_paths = \"retrace\"`, `tail_anchor = 5.0`: "
-        "g interpolated at t = 5 only before t = 8). f_char: the density carried along the backward "
+        "g interpolated at t = 5 only before t = 8), these three with the followed tail cells unbounded "
+        "(`tail_follow_bounds = \"none\"`, as first run); and the defaults, whose followed cells stay within the "
+        "range of f over their neighbours at the last coupling. f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "

@@ -3,6 +3,7 @@ state keeps the mass, repeats itself on resume, is the finite-volume run when no
 substituted, carries the characteristics' g exactly, and is accurate relative to f in the tails
 of the exact β = ∞ solution where the finite volumes are not."""
 
+import json
 import math
 
 import healpy as hp
@@ -16,7 +17,7 @@ from spherepde.cli import main
 from spherepde.geometry.mesh import HealpixMesh
 from spherepde.models.attention import AttentionModel
 from spherepde.models.initial import ProjectedNormal, Uniform
-from spherepde.runner.config import ConfigError, resolve
+from spherepde.runner.config import ConfigError, difference, resolve
 from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, LogTails, coupling_schedule, coupling_times
@@ -592,6 +593,22 @@ def test_bounded_following_does_not_extrapolate_a_front_that_has_passed():
     assert np.any(followed["none"][cells] > 1e3 * around.max(axis=1))
     with pytest.raises(ValueError, match="follow_bounds"):
         LogTails(mesh, model, follow_bounds="upwind")
+
+
+def test_the_bounded_following_is_the_default_and_old_files_were_unbounded():
+    """`tails = "log"` follows within the neighbours unless told otherwise; a run file written
+    before the key existed compares as unbounded, so it resumes only under `tail_follow_bounds = "none"`."""
+    raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "eulerian": {"tails": "log"},
+           "time": {"t_end": 1.0, "save_every": 0.5}}
+    config = json.loads(json.dumps(resolve(raw)))
+    assert config["eulerian"]["tail_follow_bounds"] == "neighbours"
+    old = json.loads(json.dumps(config))
+    del old["eulerian"]["tail_follow_bounds"]
+    assert difference(old, config) == "[eulerian] tail_follow_bounds: 'none' in the file, 'neighbours' now"
+    pinned = resolve({**raw, "eulerian": {"tails": "log", "tail_follow_bounds": "none"}})
+    assert difference(old, json.loads(json.dumps(pinned))) is None
+    with pytest.raises(ConfigError, match="tail_follow_bounds"):
+        resolve({**raw, "eulerian": {"tails": "log", "tail_follow_bounds": "upwind"}})
 
 
 def test_paths_of_g_see_a_kernel_narrower_than_a_cell():
