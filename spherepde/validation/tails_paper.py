@@ -41,14 +41,27 @@ def paper_metrics(ds):
 
 def settings_label(eul):
     """The [eulerian] settings of a tails run that shape the answer, in words: how a new atom is
-    made (`atom_shape`, `atom_cut`) and how g reaches a coupling (`tail_anchor`, `tail_paths`).
-    Keys a file lacks take the value such a file implies (spherepde.runner.config.ADDED_KEYS)."""
+    made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`,
+    `tail_retrace_tolerance`), and, where they differ from the couplings every 0.2 at the mesh's
+    level followed unbounded that the first runs had, `tail_interval`, `tail_reference` and
+    `tail_follow_bounds`. Keys a file lacks take the value such a file implies
+    (spherepde.runner.config.ADDED_KEYS)."""
     atoms = f"{eul.get('atom_shape', 'point')} atoms, {eul.get('atom_cut', 'floor')} cut"
     anchor = float(eul.get("tail_anchor", 0.0))
     if anchor == 0.0:
-        return f"{atoms}, g interpolated at every coupling"
-    paths = "composed maps" if eul.get("tail_paths", "retrace") == "maps" else "retraced paths"
-    return f"{atoms}, anchors every {anchor:g} with {paths}"
+        label = f"{atoms}, g interpolated at every coupling"
+    else:
+        kind = eul.get("tail_paths", "retrace")
+        paths = {"maps": "composed maps", "retrace": "retraced paths"}.get(
+            kind, f"selective paths (budget {eul.get('tail_retrace_tolerance', 0.01):g} decades)")
+        label = f"{atoms}, anchors every {anchor:g} with {paths}"
+    if float(eul.get("tail_interval", 0.2)) != 0.2:
+        label += f", couplings every {float(eul['tail_interval']):g}"
+    if eul.get("tail_reference", "mesh") == "clusters":
+        label += ", level relative to the clusters' peaks"
+    if eul.get("tail_follow_bounds", "none") == "neighbours":
+        label += ", followed within the neighbours"
+    return label
 
 
 def collect_runs(folders, partial=False):
@@ -117,10 +130,11 @@ def paper_report(folders, out=None, partial=False, say=print):
     path.write_text(
         "# The paper's question in the mean field with the tails from log f\n\n"
         f"`{command}{' --partial' if partial else ''}` ({time.strftime('%Y-%m-%d')}). The paper's matrices and "
-        "the laws of `solvers/paper_beta.toml`, `[eulerian] tails = \"log\"` with couplings every 0.2 and saves "
+        "the laws of `solvers/paper_beta.toml`, `[eulerian] tails = \"log\"` with couplings every 0.2 (unless said) and saves "
         "every 0.2, from the run files of the sweeps named; each table heads the settings its runs share: how a "
-        "new atom is made (`atom_shape`, `atom_cut`) and how g reaches a coupling (`tail_anchor`, `tail_paths`; "
-        "docs/numerics.md). \"unfinished\": a run kept as far as it got (--partial): its F-onset and maximum "
+        "new atom is made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`), and, "
+        "where they are not those of the first runs, the couplings, the tail level and the following between them "
+        "(`tail_interval`, `tail_reference`, `tail_follow_bounds`; docs/numerics.md). \"unfinished\": a run kept as far as it got (--partial): its F-onset and maximum "
         "alignment with E are final once past, the W₂ bottom is final when its t is well before t_end. "
         "Differences are between successive meshes (finer − coarser), orders log₂ of the ratio of successive "
         "differences. The metrics are those of the paper report (spherepde.analysis.metrics); what they mean "

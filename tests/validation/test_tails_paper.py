@@ -40,7 +40,8 @@ def test_report_groups_complete_tails_runs_and_keeps_the_longer(tmp_path):
         assert main(["run", str(cfg), "-o", str(folder / f"{name}.nc")]) == 0
     (folder / "a.nc").write_bytes(b"a sweep's combined file")  # not a run id: never read
     runs = tails_paper.collect_runs([folder])
-    label = "sigma atoms, tail cut, anchors every 1 with composed maps"  # the defaults with tails = "log"
+    # the defaults with tails = "log"
+    label = "sigma atoms, tail cut, anchors every 1 with composed maps, followed within the neighbours"
     assert sorted(runs) == [(30.0, "vmf", label, 4), (30.0, "vmf", label, 8)]
     assert runs[(30.0, "vmf", label, 4)]["t_end"] == 1.5
     with open_run(folder / "a-0001.nc") as ds:
@@ -66,3 +67,12 @@ def test_settings_label_separates_how_atoms_and_paths_were_made():
     assert tails_paper.settings_label({}) == "point atoms, floor cut, g interpolated at every coupling"
     assert tails_paper.settings_label({"atom_shape": "sigma", "atom_cut": "tail", "tail_anchor": 1.0,
                                        "tail_paths": "retrace"}) == "sigma atoms, tail cut, anchors every 1 with retraced paths"
+    # the couplings, the level and the following, where they are not those of the first runs
+    bounded = {"atom_shape": "sigma", "atom_cut": "tail", "tail_anchor": 1.0, "tail_paths": "maps", "tail_interval": 0.05,
+               "tail_reference": "clusters", "tail_follow_bounds": "neighbours"}
+    assert tails_paper.settings_label(bounded) == ("sigma atoms, tail cut, anchors every 1 with composed maps, couplings "
+                                                   "every 0.05, level relative to the clusters' peaks, followed within "
+                                                   "the neighbours")
+    assert tails_paper.settings_label({**bounded, "tail_paths": "selective", "tail_anchor": 5.0, "tail_interval": 0.2,
+                                       "tail_reference": "mesh", "tail_follow_bounds": "none"}) == (
+        "sigma atoms, tail cut, anchors every 5 with selective paths (budget 0.01 decades)")
