@@ -70,7 +70,9 @@ A config has the sections
                    tail_follow_bounds ("neighbours" (default): each followed tail cell stays
                    within the range of f over itself and its 8 neighbours at the last coupling,
                    so a front that has just passed is not extrapolated; "none": g's rate alone,
-                   as before the bound), tail_substeps (1: g's
+                   as before the bound), tail_path_scheme ("rk4" (default): g's paths in RK4
+                   steps, Simpson on div v; "heun": the trapezoidal rule, a third of the
+                   attention sums), tail_substeps (1: g's
                    paths see the states at the couplings, linear in time between them; k > 1:
                    the states after every step, k times the path steps), tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
@@ -123,7 +125,8 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import TAIL_ANCHOR, TAIL_FOLLOW_BOUNDS, TAIL_PATH_STEP, TAIL_PATHS, TAIL_RETRACE_TOLERANCE
+from ..solvers.tails import (TAIL_ANCHOR, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATH_STEP, TAIL_PATHS,
+                             TAIL_RETRACE_TOLERANCE)
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -155,7 +158,7 @@ DEFAULTS = {
                  "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
                  "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_reference": "mesh",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
-                 "near_field_profile": None},
+                 "tail_path_scheme": "rk4", "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},
     "particles": {"mode": "tokens", "n": 2000, "seed": 0, "scheme": "rk4", "dt": 0.01, "systems": 1,
                   "summation": "auto", "backend": "auto", "precision": "fp64", "rtol": 1e-6, "atol": 0.0},
@@ -719,6 +722,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
     if eul["tail_paths"] not in TAIL_PATHS:
         raise ConfigError(f'[eulerian] tail_paths: must be "retrace", "maps" or "selective", got {eul["tail_paths"]!r}')
+    if eul["tail_path_scheme"] not in TAIL_PATH_SCHEMES:
+        raise ConfigError(f'[eulerian] tail_path_scheme: must be "rk4" or "heun", got {eul["tail_path_scheme"]!r}')
     if eul["tail_follow_bounds"] not in TAIL_FOLLOW_BOUNDS:
         raise ConfigError(f'[eulerian] tail_follow_bounds: must be "none" or "neighbours", '
                           f'got {eul["tail_follow_bounds"]!r}')
@@ -981,6 +986,7 @@ ADDED_KEYS[("eulerian", "tail_reference")] = "mesh"  # the tail level was relati
 # the selective paths came later; the tolerance acts with them only, so old files imply the default
 ADDED_KEYS[("eulerian", "tail_retrace_tolerance")] = TAIL_RETRACE_TOLERANCE
 ADDED_KEYS[("eulerian", "tail_follow_bounds")] = "none"  # the followed tail cells were unbounded before the key
+ADDED_KEYS[("eulerian", "tail_path_scheme")] = "rk4"  # g's paths were RK4 steps
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -990,7 +996,8 @@ ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds")
+             "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
+             "tail_path_scheme")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 

@@ -171,7 +171,8 @@ def _tail_options(eul):
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
             "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"],
-            "retrace_tolerance": eul["tail_retrace_tolerance"], "follow_bounds": eul["tail_follow_bounds"]}
+            "retrace_tolerance": eul["tail_retrace_tolerance"], "follow_bounds": eul["tail_follow_bounds"],
+            "path_scheme": eul["tail_path_scheme"]}
 
 
 def run_times(config) -> list[float]:
@@ -344,7 +345,8 @@ class RunSetup:
                                "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"],
                                "tail_reference": eul["tail_reference"],
                                "tail_retrace_tolerance": eul["tail_retrace_tolerance"],
-                               "tail_follow_bounds": eul["tail_follow_bounds"]})
+                               "tail_follow_bounds": eul["tail_follow_bounds"],
+                               "tail_path_scheme": eul["tail_path_scheme"]})
             if eul["tail_reference"] == "clusters":
                 self.arrays.update(TAIL_PEAK_ARRAYS)
 

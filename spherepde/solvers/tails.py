@@ -62,11 +62,12 @@ import numpy as np
 
 from ..summation import attention_field, mesh_sources
 from .guards import RunFailure
-from ..transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, compose_paths, trace_back, unit_rows
+from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, advance_log_density, compose_paths,
+                                         trace_back, unit_rows)
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
-           "TAIL_FOLLOW_BOUNDS"]
+           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -94,6 +95,10 @@ TAIL_RETRACE_TOLERANCE = 0.01  # decades of g
 # (the local maximum principle of transport over one interval), so that a front that has just passed,
 # whose rate is not the next interval's, is not extrapolated (LogTails._follow)
 TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
+# how g's paths are integrated over a step (trace_back): "rk4" (Simpson on div v; 6 evaluations of
+# the field per step, 9 attention sums, since a field between two recorded states costs both), or
+# "heun" (the trapezoidal rule: the field at the ends of the step only, 3 sums)
+TAIL_PATH_SCHEMES = PATH_SCHEMES
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -166,12 +171,15 @@ class LogTails:
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
-                 follow_bounds: str = "none"):
+                 follow_bounds: str = "none", path_scheme: str = "rk4"):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
             raise ValueError(f"follow_bounds must be one of {TAIL_FOLLOW_BOUNDS}, got {follow_bounds!r}")
         self.follow_bounds = follow_bounds
+        if path_scheme not in TAIL_PATH_SCHEMES:
+            raise ValueError(f"path_scheme must be one of {TAIL_PATH_SCHEMES}, got {path_scheme!r}")
+        self.path_scheme = path_scheme
         if not retrace_tolerance > 0.0:
             raise ValueError(f"retrace_tolerance must be > 0, got {retrace_tolerance!r}")
         if not anchor >= 0.0:
@@ -300,7 +308,7 @@ class LogTails:
             self.g = g = self._composed(origin_g, field, t0, dt)
         else:
             self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
-                                             self._path_steps(t - origin_t, dt))
+                                             self._path_steps(t - origin_t, dt), self.path_scheme)
         self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
@@ -358,7 +366,7 @@ class LogTails:
         divergence integral (interpolated), g at the anchor interpolated once at the composed
         departure points. The maps are smooth where the field is (at β = 30 its width is 0.18 rad),
         and cost one interval's paths per coupling instead of the retraced span since the anchor."""
-        here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt))
+        here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt), self.path_scheme)
         earlier = self._map  # None at the anchor
         self.retraced = 0
         if not self.selective or earlier is None:
@@ -372,7 +380,7 @@ class LogTails:
             origin_t = self._origin[0]
             span = t0 + dt - origin_t
             departure[retrace], integral[retrace] = trace_back(self.interpolant.centroids[retrace], field, origin_t,
-                                                               span, self._path_steps(span, dt))
+                                                               span, self._path_steps(span, dt), self.path_scheme)
             budget[retrace] = 0.0
         self._map = departure, integral, budget
         return self.interpolant(origin_g, departure) - integral

@@ -25,7 +25,8 @@ import healpy as hp
 import numpy as np
 from numba import njit, prange
 
-__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "trace_back", "compose_paths", "unit_rows"]
+__all__ = ["PolynomialInterpolant", "polynomial_interpolate", "monomials", "advance_log_density", "trace_back", "compose_paths", "unit_rows",
+           "PATH_SCHEMES"]
 
 
 @njit(cache=True, parallel=True)
@@ -194,19 +195,28 @@ class PolynomialInterpolant:
         return out
 
 
-def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1):
+def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1, scheme: str = "rk4"):
     """g at the centroids at t + dt from g at t (module docstring). field(s, points) → (v, div).
-    substeps: the path back from each centroid in that many RK4 steps of dt/substeps (the
-    divergence integral summed along it), g interpolated once at its end, so a finer path adds
-    no interpolation error."""
-    departure, integral = trace_back(interpolant.centroids, field, t, dt, substeps)
+    substeps: the path back from each centroid in that many steps of dt/substeps (trace_back's
+    scheme; the divergence integral summed along it), g interpolated once at its end, so a finer
+    path adds no interpolation error."""
+    departure, integral = trace_back(interpolant.centroids, field, t, dt, substeps, scheme)
     return interpolant(g, departure) - integral
 
 
-def trace_back(x, field, t, dt, substeps: int = 1):
+PATH_SCHEMES = ("rk4", "heun")  # trace_back's integrators of the paths
+
+
+def trace_back(x, field, t, dt, substeps: int = 1, scheme: str = "rk4"):
     """The paths of the field that arrive at the points x (n, 3) at t + dt, traced back to t in
-    `substeps` RK4 steps: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path
-    (Simpson per step, the midpoint by RK4's dense output)). field(s, points) → (v, div)."""
+    `substeps` steps: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path).
+    field(s, points) → (v, div). scheme "rk4": RK4 steps, Simpson on div v (the midpoint by RK4's
+    dense output): 6 calls of field per step, three of them between its ends; "heun": the
+    trapezoidal rule (Heun's predictor–corrector) for the path and for ∫div v, field at the ends
+    of the step only (3 calls): second order, as the field linear in time between recorded
+    states already is, at half the calls, and a field between states costs two sums."""
+    if scheme not in PATH_SCHEMES:
+        raise ValueError(f"scheme must be one of {PATH_SCHEMES}, got {scheme!r}")
     h = -dt / substeps  # backward in time, from the arrival at t + dt
     integral = 0.0
     for j in range(substeps):
@@ -214,6 +224,13 @@ def trace_back(x, field, t, dt, substeps: int = 1):
         k = substeps - j
         hi, mid, lo = t + dt * k / substeps, t + dt * (2 * k - 1) / (2 * substeps), t + dt * (k - 1) / substeps
         k1, div1 = field(hi, x)
+        if scheme == "heun":
+            k2 = field(lo, unit_rows(x + h * k1))[0]
+            departure = unit_rows(x + 0.5 * h * (k1 + k2))
+            _, div0 = field(lo, departure)
+            integral = integral - 0.5 * h * (div0 + div1)
+            x = departure
+            continue
         k2 = field(mid, unit_rows(x + 0.5 * h * k1))[0]
         k3 = field(mid, unit_rows(x + 0.5 * h * k2))[0]
         k4 = field(lo, unit_rows(x + h * k3))[0]

@@ -611,6 +611,21 @@ def test_the_bounded_following_is_the_default_and_old_files_were_unbounded():
         resolve({**raw, "eulerian": {"tails": "log", "tail_follow_bounds": "upwind"}})
 
 
+def test_the_path_scheme_is_checked_and_reaches_the_tails():
+    """`tail_path_scheme` goes to LogTails (the trapezoidal paths: tests/transport); another
+    value is one error naming the key."""
+    from spherepde.runner.run import _tail_options
+
+    raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
+    config = resolve({**raw, "eulerian": {"tails": "log", "tail_path_scheme": "heun"}})
+    options = _tail_options(config["eulerian"])
+    assert options["path_scheme"] == "heun"
+    assert LogTails(HealpixMesh(2), AttentionModel(PAPER_B, PAPER_V, 30.0), **options).path_scheme == "heun"
+    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_path_scheme"] == "rk4"
+    with pytest.raises(ConfigError, match="tail_path_scheme"):
+        resolve({**raw, "eulerian": {"tails": "log", "tail_path_scheme": "euler"}})
+
+
 def test_paths_of_g_see_a_kernel_narrower_than_a_cell():
     """Where the kernel is narrower than a cell, g's paths take each cell as k × k sources at its
     children's centres (log-linear profile, the cell's mass): k the power of two that brings the

@@ -9,7 +9,7 @@ import numpy_reference as ref
 import pytest
 import scipy.linalg
 
-from spherepde.transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, polynomial_interpolate
+from spherepde.transport.semi_lagrangian import PolynomialInterpolant, advance_log_density, polynomial_interpolate, trace_back
 
 M = np.diag([-1.0, 1.0, -2.0]) @ np.diag([-1.0, -1.0, 1.0]).T  # V Bᵀ of the paper's matrices
 
@@ -131,6 +131,40 @@ def test_the_paths_are_fourth_order_in_time(mesh_factory):
     a = transported_error(mesh, 0.4, 2.0)[0]
     b = transported_error(mesh, 0.2, 2.0)[0]
     assert a / b > 8, (a, b)
+
+
+def path_errors(x, dt, steps, scheme):
+    """Largest errors of trace_back's departure points and divergence integrals over dt in `steps`
+    steps against the exact flow x₀ = e^{−dt M}y/|e^{−dt M}y| and ∫div = 3 ln|e^{−dt M}y| − 2dt
+    (the uniform law's log density, which starts constant), and the calls of the field."""
+    calls = []
+
+    def counted(s, points):
+        calls.append(s)
+        return field(s, points)
+
+    feet, integral = trace_back(x, counted, 0.0, dt, steps, scheme)
+    z = x @ scipy.linalg.expm(-dt * M).T
+    exact_feet = z / np.linalg.norm(z, axis=1, keepdims=True)
+    exact_integral = 3 * np.log(np.linalg.norm(z, axis=1)) - 2 * dt
+    return np.abs(feet - exact_feet).max(), np.abs(integral - exact_integral).max(), len(calls)
+
+
+@pytest.mark.parametrize("scheme, order, calls", [("rk4", 4, 6), ("heun", 2, 3)])
+def test_path_schemes_converge_at_their_order(scheme, order, calls):
+    """trace_back over Δt = 0.4 in 2, 4, 8 steps: the observed orders of the departure points and
+    of ∫div v are those of RK4 with Simpson (4) and of the trapezoidal rule (2), within 0.5 of it;
+    the trapezoidal rule calls the field at the ends of each step only, 3 times a step against 6."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    errors = [path_errors(x, 0.4, steps, scheme) for steps in (2, 4, 8)]
+    for k in range(2):  # departure points, integrals
+        observed = [math.log2(a[k] / b[k]) for a, b in zip(errors, errors[1:])]
+        assert all(abs(p - order) < 0.5 for p in observed), (scheme, k, observed)
+    assert [e[2] for e in errors] == [calls * n for n in (2, 4, 8)]
+    with pytest.raises(ValueError, match="scheme"):
+        trace_back(x, field, 0.0, 0.4, 1, "euler")
 
 
 def test_cell_averages_of_exp_match_the_exact_cell_averages(mesh_factory):
