@@ -57,7 +57,9 @@ A config has the sections
                    tail_interval (longest time between couplings, default 0.2, (0, 1]; the save
                    times cut it too), tail_level (tail cells:
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
-                   around an atom kept by the finite volumes, [0, 8]), tail_follow (default true:
+                   around an atom kept by the finite volumes, [0, 8]), tail_exclusion_width
+                   (default 0; the same neighbourhood at least this many kernel widths
+                   (β σ_max(B))^{-1/2} wide, [0, 4]), tail_follow (default true:
                    between couplings the tail cells follow g's rate over the last interval;
                    false: the finite volumes move them), tail_anchor (time between two
                    interpolations of g, default 1.0, [0, 5]: a coupling in between follows its
@@ -155,7 +157,7 @@ DEFAULTS = {
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
-                 "tail_exclusion": 3.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
+                 "tail_exclusion": 3.0, "tail_exclusion_width": 0.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
                  "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_reference": "mesh",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},
@@ -716,6 +718,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] tail_level: must be < 1 (a fraction of the largest density), "
                           f"got {eul['tail_level']:g}")
     eul["tail_exclusion"] = _number("eulerian", "tail_exclusion", eul["tail_exclusion"], low=0.0, high=8.0)
+    eul["tail_exclusion_width"] = _number("eulerian", "tail_exclusion_width", eul["tail_exclusion_width"],
+                                          low=0.0, high=4.0)
     if not isinstance(eul["tail_follow"], bool):
         raise ConfigError(f"[eulerian] tail_follow: must be true or false, got {eul['tail_follow']!r}")
     eul["tail_anchor"] = _number("eulerian", "tail_anchor", eul["tail_anchor"], low=0.0, high=5.0)
@@ -987,6 +991,7 @@ ADDED_KEYS[("eulerian", "tail_reference")] = "mesh"  # the tail level was relati
 ADDED_KEYS[("eulerian", "tail_retrace_tolerance")] = TAIL_RETRACE_TOLERANCE
 ADDED_KEYS[("eulerian", "tail_follow_bounds")] = "none"  # the followed tail cells were unbounded before the key
 ADDED_KEYS[("eulerian", "tail_path_scheme")] = "rk4"  # g's paths were RK4 steps
+ADDED_KEYS[("eulerian", "tail_exclusion_width")] = 0.0  # the neighbourhoods were in cells only
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -995,7 +1000,7 @@ ATOM_KEYS = ("atom_width", "atom_min_mass", "atom_merge", "max_atoms", "atom_fee
 ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
-TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_follow", "tail_anchor", "tail_path_step",
+TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_exclusion_width", "tail_follow", "tail_anchor", "tail_path_step",
              "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
              "tail_path_scheme")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)

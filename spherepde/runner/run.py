@@ -169,6 +169,7 @@ def _tail_options(eul):
     if eul["tails"] != "log":
         return None
     return {"interval": eul["tail_interval"], "level": eul["tail_level"], "exclusion": eul["tail_exclusion"],
+            "exclusion_width": eul["tail_exclusion_width"],
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
             "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"],
             "retrace_tolerance": eul["tail_retrace_tolerance"], "follow_bounds": eul["tail_follow_bounds"],
@@ -340,7 +341,8 @@ class RunSetup:
             self.variables.update(tail_records(eul))
             self.arrays.update(TAIL_ARRAYS)
             self.attrs.update({"tails": "log", "tail_interval": eul["tail_interval"], "tail_level": eul["tail_level"],
-                               "tail_exclusion": eul["tail_exclusion"], "tail_follow": int(eul["tail_follow"]),
+                               "tail_exclusion": eul["tail_exclusion"], "tail_exclusion_width": eul["tail_exclusion_width"],
+                               "tail_follow": int(eul["tail_follow"]),
                                "tail_anchor": eul["tail_anchor"], "tail_path_step": eul["tail_path_step"],
                                "tail_paths": eul["tail_paths"], "tail_substeps": eul["tail_substeps"],
                                "tail_reference": eul["tail_reference"],

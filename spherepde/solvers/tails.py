@@ -65,7 +65,7 @@ from .guards import RunFailure
 from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, advance_log_density, compose_paths,
                                          trace_back, unit_rows)
 
-__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
+__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
            "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES"]
 
@@ -102,12 +102,18 @@ TAIL_PATH_SCHEMES = PATH_SCHEMES
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
+def kernel_width(model) -> float:
+    """σ = (β σ_max(B))^{-1/2} (rad): the width of the attention kernel e^{β⟨x, By⟩} around its
+    peak, and so of a cluster's basin; 0 at β = ∞."""
+    return 0.0 if model.zero_temperature else 1.0 / math.sqrt(model.beta * np.linalg.norm(model.B, 2))
+
+
 def subcells_for(mesh, model) -> int:
     """Children per cell side for g's paths: 1 where the kernel is at least as wide as a cell
-    (or β = ∞), else the power of two k with h/k ≤ σ = (β σ_max(B))^{-1/2}, h = √A."""
+    (or β = ∞), else the power of two k with h/k ≤ σ (kernel_width), h = √A."""
     if model.zero_temperature:
         return 1
-    sigma = 1.0 / math.sqrt(model.beta * np.linalg.norm(model.B, 2))
+    sigma = kernel_width(model)
     h = math.sqrt(mesh.area)
     # at most MAX_SUBCELLS² sources per cell: memory and sums stay O(npix) (beyond, the spacing
     # exceeds the kernel width and the sums lose accuracy, not validity)
@@ -171,7 +177,7 @@ class LogTails:
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
-                 follow_bounds: str = "none", path_scheme: str = "rk4"):
+                 follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
@@ -217,7 +223,13 @@ class LogTails:
             fine = mesh.nside * self.subcells
             self._children = np.ascontiguousarray(np.stack(hp.pix2vec(fine, np.arange(mesh.npix * self.subcells**2),
                                                                        nest=True), axis=1))
-        self.reach = self.exclusion * math.sqrt(mesh.area)  # chordal ≈ geodesic at this size
+        # the neighbourhood of an atom kept by the finite volumes: `exclusion` cells, and at least
+        # `exclusion_width` kernel widths, so that it can cover a cluster's basin on every mesh
+        if not exclusion_width >= 0.0:
+            raise ValueError(f"exclusion_width must be >= 0, got {exclusion_width!r}")
+        self.exclusion_width = float(exclusion_width)
+        self.reach = max(self.exclusion * math.sqrt(mesh.area),
+                         self.exclusion_width * kernel_width(model))  # chordal ≈ geodesic at this size
         self.g = None
         self.rate = None  # ∂g/∂t at the centroids that the tail cells follow until the next coupling
         self.t = math.nan

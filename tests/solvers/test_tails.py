@@ -626,6 +626,29 @@ def test_the_path_scheme_is_checked_and_reaches_the_tails():
         resolve({**raw, "eulerian": {"tails": "log", "tail_path_scheme": "euler"}})
 
 
+def test_the_neighbourhood_kept_by_the_finite_volumes_can_be_given_in_kernel_widths():
+    """`tail_exclusion_width`: the cells kept by the finite volumes around an atom reach at least
+    that many kernel widths σ = (β σ_max(B))^{-1/2} (β = 30, paper matrices: σ = 0.1826 rad),
+    whatever the mesh; 0 (files before the key) leaves the cell sizes alone; β = ∞ has σ = 0."""
+    from spherepde.solvers.tails import kernel_width
+
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    assert kernel_width(model) == pytest.approx(1 / math.sqrt(30.0))
+    assert kernel_width(AttentionModel(PAPER_B, PAPER_V, np.inf)) == 0.0
+    for nside in (8, 16, 32):
+        mesh = HealpixMesh(nside)
+        cells = LogTails(mesh, model, exclusion=3.0)
+        wide = LogTails(mesh, model, exclusion=3.0, exclusion_width=1.0)
+        assert cells.reach == pytest.approx(3.0 * math.sqrt(mesh.area))
+        assert wide.reach == pytest.approx(max(3.0 * math.sqrt(mesh.area), 1 / math.sqrt(30.0)))
+    with pytest.raises(ValueError, match="exclusion_width"):
+        LogTails(HealpixMesh(2), model, exclusion_width=-1.0)
+    raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
+    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_exclusion_width"] == 0.0
+    with pytest.raises(ConfigError, match="tail_exclusion_width"):
+        resolve({**raw, "eulerian": {"tails": "log", "tail_exclusion_width": 5.0}})
+
+
 def test_paths_of_g_see_a_kernel_narrower_than_a_cell():
     """Where the kernel is narrower than a cell, g's paths take each cell as k × k sources at its
     children's centres (log-linear profile, the cell's mass): k the power of two that brings the
