@@ -26,6 +26,7 @@ in NumPy, measured here against the same exact solution, point values against po
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -727,10 +728,18 @@ def hybrid_options(options):
     return options, options.pop("save_every", 0.1), solver
 
 
+MAX_KEY_BYTES = 240  # file names stop at 255 bytes on most file systems
+
+
 def hybrid_key(cache, n, beta, name, law="projected normal"):
-    """The cached run of a variant (JSON); the laws other than the projected normal carry a prefix."""
+    """The cached run of a variant (JSON); the laws other than the projected normal carry a prefix.
+    A name longer than MAX_KEY_BYTES keeps its first 200 characters and a digest of the whole (the
+    shorter names, all those kept before the selective variant, are unchanged)."""
     prefix = HYBRID_LAWS[law][1]
-    return Path(cache) / f"{prefix}beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}.json"
+    stem = f"{prefix}beta{beta:g}_nside{n}_{name.replace(' ', '_').replace(',', '').replace('+', 'and')}"
+    if len(stem.encode()) + len(".json") > MAX_KEY_BYTES:
+        stem = f"{stem[:200]}_{hashlib.sha1(stem.encode()).hexdigest()[:12]}"
+    return Path(cache) / f"{stem}.json"
 
 
 def hybrid_summary(rows):

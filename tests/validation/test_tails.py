@@ -195,6 +195,20 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     assert tails.run_file_variant({**selective, "tail_retrace_tolerance": 0.01}) is None  # anchors every 1.0
 
 
+def test_every_hybrid_key_is_a_file_name_of_its_own(tmp_path):
+    """Every variant's cached file, for every law, mesh and β of the reports, has a name short
+    enough for the file system (the selective variant's full name is not) and its own."""
+    keys = {tails.hybrid_key(tmp_path, n, beta, name, law)
+            for name in tails.HYBRID_VARIANTS for law in tails.HYBRID_LAWS for n in (8, 16, 32, 64)
+            for beta in (10.0, 30.0, 1000.0)}
+    assert len(keys) == len(tails.HYBRID_VARIANTS) * len(tails.HYBRID_LAWS) * 4 * 3
+    assert max(len(k.name.encode()) for k in keys) <= tails.MAX_KEY_BYTES
+    for key in keys:
+        assert not key.exists()  # a name the file system takes
+    short = tails.hybrid_key(tmp_path, 16, 30.0, "finite volumes + atoms")
+    assert short.name == "beta30_nside16_finite_volumes_and_atoms.json"  # as kept before
+
+
 def test_hybrid_variants_hand_their_solver_options_to_the_solver():
     """A variant's solver settings (near-field profile, velocity tolerance, atom options) go to the
     EulerianSolver, the rest to LogTails; every variant's tails options are LogTails arguments."""
