@@ -43,8 +43,8 @@ def settings_label(eul):
     """The [eulerian] settings of a tails run that shape the answer, in words: how a new atom is
     made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`,
     `tail_retrace_tolerance`), and, where they differ from the couplings every 0.2 at the mesh's
-    level followed unbounded that the first runs had, `tail_interval`, `tail_reference` and
-    `tail_follow_bounds`. Keys a file lacks take the value such a file implies
+    level followed unbounded that the first runs had, `tail_interval`, `tail_reference`,
+    `tail_follow_bounds`, `tail_exclusion_width` and `tail_path_scheme`. Keys a file lacks take the value such a file implies
     (spherepde.runner.config.ADDED_KEYS)."""
     atoms = f"{eul.get('atom_shape', 'point')} atoms, {eul.get('atom_cut', 'floor')} cut"
     anchor = float(eul.get("tail_anchor", 0.0))
@@ -61,6 +61,11 @@ def settings_label(eul):
         label += ", level relative to the clusters' peaks"
     if eul.get("tail_follow_bounds", "none") == "neighbours":
         label += ", followed within the neighbours"
+    if float(eul.get("tail_exclusion_width", 0.0)) > 0.0:
+        width = float(eul["tail_exclusion_width"])
+        label += f", finite volumes within {width:g} kernel width{'' if width == 1 else 's'} of the atoms"
+    if eul.get("tail_path_scheme", "rk4") != "rk4":
+        label += f", paths by {eul['tail_path_scheme']}"
     return label
 
 

@@ -76,3 +76,7 @@ def test_settings_label_separates_how_atoms_and_paths_were_made():
     assert tails_paper.settings_label({**bounded, "tail_paths": "selective", "tail_anchor": 5.0, "tail_interval": 0.2,
                                        "tail_reference": "mesh", "tail_follow_bounds": "none"}) == (
         "sigma atoms, tail cut, anchors every 5 with selective paths (budget 0.01 decades)")
+    # tails_exclusion.toml's runs and trapezoidal paths get tables of their own
+    assert tails_paper.settings_label({**bounded, "tail_exclusion_width": 1.0}).endswith(
+        "followed within the neighbours, finite volumes within 1 kernel width of the atoms")
+    assert tails_paper.settings_label({**bounded, "tail_path_scheme": "heun"}).endswith(", paths by heun")
