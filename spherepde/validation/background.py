@@ -49,7 +49,8 @@ def _saves_tag(save_every):
 
 class SavedField:
     """The attention field of a run's saved measure (cells + atoms), linear in time between
-    snapshots. An atom created within an interval enters with its mass ramped from 0."""
+    snapshots. An atom created within an interval enters with its mass ramped from 0, one merged
+    away leaves with its mass ramped to 0, so the measure's mass is linear in time too."""
 
     def __init__(self, ds, mesh, model):
         self.mesh, self.model = mesh, model
@@ -73,6 +74,11 @@ class SavedField:
             born = (m1 > 0) & ~(m0 > 0)
             sources.append(self.atom_position[i + 1][born])
             masses.append(a * m1[born])
+            # an atom merged into another within the interval hands its mass over linearly too
+            # (dropping it at once would take up to a third of the mass out of the field there)
+            died = (m0 > 0) & ~(m1 > 0)
+            sources.append(self.atom_position[i][died])
+            masses.append((1 - a) * m0[died])
         return np.concatenate(sources), np.concatenate(masses)
 
     def __call__(self, y, s):

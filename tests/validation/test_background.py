@@ -104,3 +104,28 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert len(TAIL_STATES) == 5 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states first run before the bound became the default keep their unbounded following
     assert all(UNBOUNDED in overrides for overrides in list(TAIL_STATES.values())[1:4])
+
+
+def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
+    """Between two snapshots where atom 0 merges into atom 1 and atom 2 is born from the cells,
+    the measure's total mass is linear in time (an atom that disappears is ramped down, not dropped)."""
+    import xarray as xr
+
+    from spherepde.validation.background import SavedField
+
+    mesh = HealpixMesh(2)
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta=3.0)
+    pos = np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]])
+    m0, m1 = np.array([0.2, 0.3, 0.0]), np.array([0.0, 0.5, 0.1])
+    f0 = np.full(mesh.npix, 0.5 / (4 * np.pi))
+    f1 = np.full(mesh.npix, 0.4 / (4 * np.pi))
+    ds = xr.Dataset({"density": (("time", "cell"), np.stack([f0, f1])),
+                     "atom_position": (("time", "atom", "xyz"), np.stack([pos, pos])),
+                     "atom_mass": (("time", "atom"), np.stack([m0, m1]))}, coords={"time": [1.0, 1.1]})
+    field = SavedField(ds, mesh, model)
+    for a in (0.0, 0.3, 0.7, 1.0):
+        _, masses = field.measure(1.0 + 0.1 * a)
+        np.testing.assert_allclose(masses.sum(), 1.0, rtol=1e-12)
+    sources, masses = field.measure(1.03)
+    dying = np.all(np.isclose(sources, pos[0]), axis=1) & (masses > 0)
+    np.testing.assert_allclose(masses[dying].sum(), 0.7 * 0.2, rtol=1e-12)
