@@ -58,8 +58,8 @@ A config has the sections
                    times cut it too), tail_level (tail cells:
                    below this × the mesh's largest density, (0, 1)), tail_exclusion (cell sizes
                    around an atom kept by the finite volumes, [0, 8]), tail_exclusion_width
-                   (default 0; the same neighbourhood at least this many kernel widths
-                   (β σ_max(B))^{-1/2} wide, [0, 4]), tail_follow (default true:
+                   (default 1; the same neighbourhood at least this many kernel widths
+                   (β σ_max(B))^{-1/2} wide, [0, 4]; 0: cell sizes only), tail_follow (default true:
                    between couplings the tail cells follow g's rate over the last interval;
                    false: the finite volumes move them), tail_anchor (time between two
                    interpolations of g, default 1.0, [0, 5]: a coupling in between follows its
@@ -127,7 +127,7 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import (TAIL_ANCHOR, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATH_STEP, TAIL_PATHS,
+from ..solvers.tails import (TAIL_ANCHOR, TAIL_EXCLUSION_WIDTH, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATH_STEP, TAIL_PATHS,
                              TAIL_RETRACE_TOLERANCE)
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
@@ -157,7 +157,7 @@ DEFAULTS = {
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
-                 "tail_exclusion": 3.0, "tail_exclusion_width": 0.0, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
+                 "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
                  "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_reference": "mesh",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},

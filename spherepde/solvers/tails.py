@@ -65,7 +65,7 @@ from .guards import RunFailure
 from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, advance_log_density, compose_paths,
                                          trace_back, unit_rows)
 
-__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION",
+__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
            "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES"]
 
@@ -74,6 +74,11 @@ __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "k
 TAIL_INTERVAL = 0.2
 TAIL_LEVEL = 1e-3  # tail cells: finite-volume average below this × the mesh's largest
 TAIL_EXCLUSION = 3.0  # cell sizes around an atom where the finite volumes keep the density
+# the configuration's default: that neighbourhood at least one kernel width σ = (β σ_max(B))^{-1/2}
+# wide, a cluster's basin, on every mesh (3 cells shrink with the mesh and leave the shoulders of a
+# collapsing cluster to g: docs/numerics.md#the-neighbourhood-kept-by-the-finite-volumes-in-kernel-widths);
+# LogTails itself defaults to 0, cells only, as the runs made before it
+TAIL_EXCLUSION_WIDTH = 1.0
 TAIL_REFERENCES = ("mesh", "measure", "clusters")  # what the level is relative to (LogTails._largest)
 # time between two interpolations of g (anchor 0: at every coupling, as before the anchors): each
 # interpolation smears g by about h³ × its third derivatives, and those errors add up, so the

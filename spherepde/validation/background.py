@@ -156,7 +156,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
 
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
     overrides = [] if tails in (True, False) else list(tails)
-    tag = ("" if tails is False else "tails_defaults_" if not overrides else "tails_" if "eulerian.tail_anchor=0.0" in overrides
+    tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY]) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
            else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
@@ -319,11 +319,14 @@ SELECTIVE = ('eulerian.tail_paths="selective"', "eulerian.tail_anchor=5.0")
 # the followed tail cells as these states were first run, before the bound by the neighbours became
 # the default (docs/numerics.md#selective-paths-the-maps-retraced-where-their-error-budget-runs-out)
 UNBOUNDED = 'eulerian.tail_follow_bounds="none"'
+# the neighbourhood the finite volumes keep in cells only, as the defaults' state was run, before one
+# kernel width became the default (at nside 16 the same cells: 3 cells are 1.07 kernel widths)
+CELLS_ONLY = "eulerian.tail_exclusion_width=0.0"
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
                "the same, paths retraced to anchors every 5.0": [*CLUSTERS, *RETRACED, UNBOUNDED],
-               "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": []}
+               "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": [CELLS_ONLY]}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):

@@ -644,7 +644,12 @@ def test_the_neighbourhood_kept_by_the_finite_volumes_can_be_given_in_kernel_wid
     with pytest.raises(ValueError, match="exclusion_width"):
         LogTails(HealpixMesh(2), model, exclusion_width=-1.0)
     raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
-    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_exclusion_width"] == 0.0
+    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_exclusion_width"] == 1.0  # the default
+    # a run file made before the key compares as cells only
+    old_file = resolve({**raw, "eulerian": {"tails": "log", "tail_exclusion_width": 0.0}})
+    del old_file["eulerian"]["tail_exclusion_width"]
+    assert difference(old_file, resolve({**raw, "eulerian": {"tails": "log", "tail_exclusion_width": 0.0}})) is None
+    assert difference(old_file, resolve({**raw, "eulerian": {"tails": "log"}})) is not None
     with pytest.raises(ConfigError, match="tail_exclusion_width"):
         resolve({**raw, "eulerian": {"tails": "log", "tail_exclusion_width": 5.0}})
 
