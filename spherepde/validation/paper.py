@@ -853,7 +853,10 @@ def _disagreement(cases_by_nside, groups, n_groups, paper_rows, ablation_rows, q
         "11.57 (projected normal) and 7.46 (vMF) at nside 16, 0.9 % and 0.3 % from the particles at nside 32; "
         "for the projected normal 11.11 / 11.57 / 11.70 at nside 8 / 16 / 32 (order 1.8; 11.70 is 0.3 % from "
         "the particles; validation/reports/atoms/background_scaling.md): "
-        "the background is what separates the two columns at β = 30, not the atoms.",
+        "the background is what separates the two columns at β = 30, not the atoms. The Eulerian column here is "
+        "the finite volumes alone (`tails = \"finite_volume\"`, the default), whose tails are wrong at β ≥ 30; "
+        "with the tails from log f the mean field converges with the mesh: the section \"The mean field at "
+        "β ≥ 30 with the tails from log f\" and validation/reports/tails/paper.md.",
         "- **Time stepping and β.** Tokens use RK4 with a fixed dt (full set: 0.05 at β = 10 and 30, where one "
         "sample's F-onset moves by 5e-6 and 9e-5 between dt 0.05 and 0.01; 0.01 at β = 1000 and ∞); the paper "
         "uses its normalised Euler step with an unpublished step. At β = 1000 the softmax is nearly discontinuous "
