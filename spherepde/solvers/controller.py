@@ -225,6 +225,8 @@ class EulerianController:
                 lag.forget()
             if boundary:
                 velocity.forget_routes()  # a resumed run evaluates this refresh afresh
+            # the extrapolation error is not measured where the followed tails overwrite the fluxes' result
+            velocity.unmeasured = None if solver.tails is None else solver.tails.followed_edges
             velocity.refresh(t, fnew)
             div = velocity.at_cells(fnew)[1]
             solver.guards.divergence(t, fnew, div)

@@ -74,6 +74,9 @@ class EulerianVelocity:
         self._un = np.empty(mesh.edge_weights.shape)
         self.velocity_tolerance = float(velocity_tolerance)
         self.lag = None
+        # edges whose fluxes move nothing the solver keeps (both cells overwritten after every step:
+        # tail cells that follow g, spherepde.solvers.tails), left out of the measured lag error
+        self.unmeasured = None
         self.stage_flux = self.edge_flux
         if self.velocity_tolerance > 0:
             self.lag = ExtrapolatedFlux(self.velocity_tolerance, mesh.edge_weights.shape)
@@ -233,10 +236,12 @@ class EulerianVelocity:
         return flux(part)
 
     def refresh(self, t, f) -> float:
-        """Exact edge fluxes (split sums: the mesh part) at (t, f) into the extrapolation history."""
+        """Exact edge fluxes (split sums: the mesh part) at (t, f) into the extrapolation history;
+        the edges in `unmeasured` (None: none) are left out of the measured extrapolation error."""
         if self.split is None:
-            return self.lag.refresh(t, self.edge_flux(t, f))
-        return self.lag.refresh(t, self.mesh_part(f), to_flux=lambda part: self.split_flux(part, None))
+            return self.lag.refresh(t, self.edge_flux(t, f), unmeasured=self.unmeasured)
+        return self.lag.refresh(t, self.mesh_part(f), to_flux=lambda part: self.split_flux(part, None),
+                                unmeasured=self.unmeasured)
 
     # ------------------------------------------------------------------ split sums
     def _split_buffers(self):

@@ -583,27 +583,63 @@ def region_coefficients(sources, mu, shifts, L2):
 
 
 class _RegionCache(threading.local):
-    """The tilted coefficients of the last source measure, per region level and region: the edge
-    and the cell evaluations of one velocity refresh sum the same density over largely the same
-    regions (the cells' are nearly always among the edges'), so the second pays only for new
-    regions. Keyed by the sources and the masses (compared by value), then by the model (β, B:
-    the heads of a multi-head model, spherepde.models.heads, each keep theirs for the same measure, so
-    that H heads cost H single-head sums), then by region level, degree and pixel. A new measure
-    drops every model's rows. Per thread (sweeps may run solvers in threads)."""
+    """The coefficients of the last MEASURES source measures: the global ones (_global_pass) and the
+    tilted ones per region level and region. The edge and the cell evaluations of one velocity
+    refresh sum the same density over largely the same regions (the cells' are nearly always among
+    the edges'), so the second pays only for new regions; and the paths of the tails
+    (spherepde.solvers.tails) evaluate the field of two states, linear in time between them, at
+    every Runge–Kutta stage, so each state's coefficients are computed once per coupling, not at
+    every stage (with one measure held they were recomputed at every call, alternating). Keyed by
+    the sources and the masses (compared by value), then by the model (β, B: the heads of a
+    multi-head model, spherepde.models.heads, each keep theirs for the same measure, so that H heads
+    cost H single-head sums), then by region level, degree and pixel; the global coefficients by
+    degree and moment rows. The measure used least recently is dropped beyond MEASURES. Per thread
+    (sweeps may run solvers in threads)."""
+
+    MEASURES = 4
 
     def __init__(self):
-        self.measure = None  # (sources, masses) of the rows held
-        self.models = {}  # model key → rows
+        self.held = []  # [(sources, masses), models, global coefficients], most recently used first
+        self.measure = None  # (sources, masses) of the measure in use
+        self.models = {}  # its model key → rows
         self.rows = {}  # of the last model: (level, degree, region pixel) → (coef0 row, s1, s2)
+        self.globals = {}  # its global coefficients: (degree, moment rows) → coef_t
+
+    def use(self, sources, mu):
+        """Make (sources, mu) the measure in use: its entry moved first, or a new one (the least
+        recently used dropped beyond MEASURES)."""
+        if self.measure is not None and self._same(self.measure, sources, mu):
+            return
+        for i, entry in enumerate(self.held):
+            if self._same(entry[0], sources, mu):
+                self.held.insert(0, self.held.pop(i))
+                break
+        else:
+            self.held.insert(0, [(sources.copy(), mu.copy()), {}, {}])
+            del self.held[self.MEASURES:]
+        self.measure, self.models, self.globals = self.held[0]
+
+    @staticmethod
+    def _same(measure, sources, mu):
+        return (measure[0].shape == sources.shape and measure[1].shape == mu.shape
+                and np.array_equal(measure[1], mu) and np.array_equal(measure[0], sources))
+
+    def global_coefficients(self, sources, mu, L, rows):
+        """The sum over the sources of _coefficients' parts, (rows, row_length(L)), from the cache
+        where it holds them (shared by every caller of this measure: not to be written)."""
+        self.use(sources, mu)
+        key = (L, rows)
+        if key not in self.globals:
+            qmm, a, b = _legendre_tables(L)
+            parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, row_length(L)))
+            _coefficients(sources, mu, L, qmm, a, b, parts)
+            self.globals[key] = parts.sum(axis=0)
+        return self.globals[key]
 
     def coefficients(self, sources, mu, nside, regions, shifts, L2, model_key):
         """region_coefficients for the regions (pixels at nside, with their shifts), from the
         cache where it holds them. model_key: what else the shifts depend on (β, B)."""
-        same = (self.measure is not None and np.array_equal(self.measure[0], sources)
-                and np.array_equal(self.measure[1], mu))
-        if not same:
-            self.measure = (sources.copy(), mu.copy())
-            self.models = {}
+        self.use(sources, mu)
         self.rows = self.models.setdefault(model_key, {})
         keys = [(nside, L2, r) for r in regions.tolist()]
         missing = np.array([k not in self.rows for k in keys], dtype=bool)
@@ -794,10 +830,7 @@ def _global_pass(sources, mu, targets, L, tail, tol, BT, beta, V, want_div, velo
                  ln_top=0.0, added=None):
     """The global expansion (shift 0) at the targets; returns the mask of those over budget (logz:
     None or an array for log Z, ln_top = ln max μ; added: None or ln Z_add per target)."""
-    qmm, a, b = _legendre_tables(L)
     rows = 12 if want_div else 4  # the contraction takes moments in fours (rows 10, 11 stay 0)
-    parts = np.empty((max(1, min(get_num_threads(), len(mu))), rows, row_length(L)))
-    _coefficients(sources, mu, L, qmm, a, b, parts)
-    coef_t = parts.sum(axis=0)  # (moments, harmonics)
+    coef_t = _REGION_CACHE.global_coefficients(sources, mu, L, rows)  # (moments, harmonics)
     return _expansion_pass(targets, coef_t, mu, L, tail, tol, BT, beta, np.zeros(3), V, want_div, velocity,
                            divergence, mean, logz, ln_top, added).astype(bool)

@@ -145,12 +145,14 @@ class ExtrapolatedFlux:
         out += uc
         return out
 
-    def refresh(self, t: float, exact, to_flux=None) -> float:
+    def refresh(self, t: float, exact, to_flux=None, unmeasured=None) -> float:
         """Record the exact fluxes at t. Warm: measure the extrapolation error at t, adapt the
         interval of the degree used and return the error (0 when cold). to_flux: when the history
         holds another state than the fluxes (the mesh part of split sums, spherepde.solvers.eulerian), the
         map from a state to its edge fluxes (its result may be a reused buffer); the error is then
-        that of the fluxes, as defined above."""
+        that of the fluxes, as defined above. unmeasured: None, or a boolean mask of the edges (first
+        axis of the fluxes) left out of e: fluxes whose result the solver overwrites after every
+        step (between two tail cells that follow g, spherepde.solvers.tails)."""
         error = 0.0
         if self.warm and t > self._times[-1]:
             predicted = self._extrapolate(t)
@@ -159,6 +161,8 @@ class ExtrapolatedFlux:
             else:
                 predicted = np.array(to_flux(predicted))
                 exact_flux = to_flux(exact)
+            if unmeasured is not None and unmeasured.any():
+                predicted, exact_flux = predicted[~unmeasured], exact_flux[~unmeasured]
             scale = float(np.max(np.abs(exact_flux)))
             diff = float(np.max(np.abs(predicted - exact_flux)))
             error = diff / scale if scale > 0 else 0.0

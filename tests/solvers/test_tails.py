@@ -595,6 +595,28 @@ def test_bounded_following_does_not_extrapolate_a_front_that_has_passed():
         LogTails(mesh, model, follow_bounds="upwind")
 
 
+def test_the_edges_between_followed_cells_are_known_to_the_velocity():
+    """followed_edges: exactly the edges whose two cells follow g after a coupling (their fluxes move
+    nothing the solver keeps: the velocity leaves them out of its lag error); None once the atoms
+    changed and nothing is followed."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, np.inf)
+    f = 10.0 ** np.random.default_rng(4).uniform(-12, -6, mesh.npix)
+    f[:64] = 1.0 / mesh.area / 64
+    tails = LogTails(mesh, model)
+    tails.start(0.0, np.log(f), f, None)
+    followed = np.zeros(mesh.npix, dtype=bool)
+    followed[tails._anchor[1]] = True
+    assert 0 < followed.sum() < mesh.npix
+    edges = tails.followed_edges
+    assert edges.shape == (mesh.nedges,) and edges.any() and not edges.all()
+    for e, (p, q) in enumerate(mesh.edge_cells):
+        assert edges[e] == (followed[p] and followed[q])
+    assert tails.followed_edges is edges  # computed once per coupling
+    tails.forget_anchor()
+    assert tails.followed_edges is None
+
+
 def test_the_bounded_following_is_the_default_and_old_files_were_unbounded():
     """`tails = "log"` follows within the neighbours unless told otherwise; a run file written
     before the key existed compares as unbounded, so it resumes only under `tail_follow_bounds = "none"`."""

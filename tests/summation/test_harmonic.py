@@ -286,6 +286,44 @@ def test_region_cache_reuses_only_what_it_may():
     assert calls[2:] == [1, 2]
 
 
+def test_the_cache_holds_several_measures_and_their_global_coefficients(monkeypatch):
+    """The fields of two states evaluated in turn (the tails' paths, linear in time between two
+    states) compute each state's coefficients once: global and tilted, both equal to fresh ones;
+    beyond MEASURES measures the one used least recently is computed again."""
+    import spherepde.summation.harmonic as harmonic
+
+    computed = []
+    original = harmonic._coefficients
+
+    def counted(sources, mu, L, qmm, a, b, parts):
+        computed.append(len(mu))
+        return original(sources, mu, L, qmm, a, b, parts)
+
+    monkeypatch.setattr(harmonic, "_coefficients", counted)
+    cache = harmonic._RegionCache()
+    rng = np.random.default_rng(8)
+    y = rng.normal(size=(200, 3))
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    measures = [rng.random(200) for _ in range(cache.MEASURES + 1)]
+    qmm, a, b = harmonic._legendre_tables(6)
+    for mu in measures[:2] * 3:  # two states in turn
+        got = cache.global_coefficients(y, mu, 6, 12)
+        parts = np.empty((1, 12, harmonic.row_length(6)))
+        original(y, mu, 6, qmm, a, b, parts)
+        np.testing.assert_allclose(got, parts.sum(axis=0), rtol=1e-13, atol=1e-15)
+    assert len(computed) == 2
+    shifts, regions = rng.normal(size=(3, 3)) * 4, np.arange(3)
+    for mu in measures[:2] * 2:
+        cache.coefficients(y, mu, 2, regions, shifts, 6, "model")
+    assert [len(entry[1]["model"]) for entry in cache.held] == [3, 3]  # each measure's regions, kept
+    for mu in measures[2:]:  # MEASURES − 1 more: the first measure is dropped
+        cache.global_coefficients(y, mu, 6, 12)
+    assert len(cache.held) == cache.MEASURES
+    cache.global_coefficients(y, measures[1], 6, 12)  # still held
+    cache.global_coefficients(y, measures[0], 6, 12)  # computed again
+    assert len(computed) == 2 + (len(measures) - 2) + 1
+
+
 @pytest.mark.parametrize("L", [1, 6, 30])
 def test_moment_maps_give_the_moment_coefficients(L):
     """moment_maps: the coefficients Σ_j μ_j g_q(y_j) Y_k(y_j) of the ten moments g_q = 1, y, y yᵀ

@@ -94,6 +94,29 @@ def test_quadratic_extrapolation_and_its_controller():
     assert lag.max_error == error
 
 
+def test_unmeasured_edges_are_left_out_of_the_error():
+    """Edges whose fluxes the solver overwrites (unmeasured) do not enter e: a cubic term on them
+    alone gives e = 0 and the largest growth of the interval; measured, it gives the cubic's error."""
+    rng = np.random.default_rng(5)
+    a, b, c = rng.normal(size=(3, 30, 2))
+    a += 10.0
+    d = np.zeros_like(a)
+    d[:5] = 50.0  # a kink-like change on the first five edges only
+    unmeasured = np.zeros(30, dtype=bool)
+    unmeasured[:5] = True
+    errors = {}
+    for mask in (None, unmeasured):
+        lag = ExtrapolatedFlux(1e-3, a.shape, intervals=(0.05, 0.1))
+        for t in (0.0, 0.03, 0.05):
+            lag.refresh(t, polynomial_flux(t, a, b, c, d))
+        lag.predict(0.07)
+        errors[mask is None] = lag.refresh(0.09, polynomial_flux(0.09, a, b, c, d), unmeasured=mask)
+        interval = lag.intervals[1]
+    exact = polynomial_flux(0.09, a, b, c, d)
+    assert errors[True] == pytest.approx(50.0 * 0.04 * 0.06 * 0.09 / np.abs(exact).max(), rel=1e-8)
+    assert errors[False] < 1e-13 and interval == pytest.approx(MAX_GROWTH * 0.1)
+
+
 def test_cold_start_takes_one_stage():
     """With one refresh held, the first exact stage after it starts the linear extrapolation;
     later stages (and stages not after the refresh) do not enter the history."""
