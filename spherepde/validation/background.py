@@ -156,7 +156,8 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
 
     # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
     overrides = [] if tails in (True, False) else list(tails)
-    tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY]) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
+    tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY])
+           else "tails_defaults_selective_" if overrides == list(SELECTIVE) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
            else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
@@ -326,7 +327,8 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
                "the same, paths retraced to anchors every 5.0": [*CLUSTERS, *RETRACED, UNBOUNDED],
-               "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": [CELLS_ONLY]}
+               "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": [CELLS_ONLY],
+               "the defaults with selective paths, anchors every 5.0": list(SELECTIVE)}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
@@ -356,7 +358,9 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "the same with g's paths retraced to anchors every 5.0 (`tail_paths = \"retrace\"`, `tail_anchor = 5.0`: "
         "g interpolated at t = 5 only before t = 8), these three with the followed tail cells unbounded "
         "(`tail_follow_bounds = \"none\"`, as first run); and the defaults, whose followed cells stay within the "
-        "range of f over their neighbours at the last coupling. f_char: the density carried along the backward "
+        "range of f over their neighbours at the last coupling; and the defaults with the selective paths to anchors "
+        "every 5.0 (`tail_paths = \"selective\"`: the composed maps, retraced where their error budget exceeds 0.01 "
+        "decades). f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "
