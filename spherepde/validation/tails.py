@@ -236,7 +236,7 @@ def run_suite(out, quick=False, slow=False, nsides=None, schemes=tuple(STATES), 
             say(f"  tails: {s}, nside {n}: {results[(s, n)][1]:.0f} s")
     e = lambda x: f"{x:.2g}"  # noqa: E731
     lines = ["# Tails of the density relative to f (β = ∞, exact solution)", "",
-             f"`spherepde validate tails{' --quick' if quick else ''}`. {__doc__.split(chr(10) + chr(10))[1]}", "",
+             f"`spherepde validate tails{' --quick' if quick else ' --slow' if slow else ''}`. {__doc__.split(chr(10) + chr(10))[1]}", "",
              f"Tail cells: exact cell average below {TAIL_LEVEL:g} of the largest; atoms on (the default).", "",
              "## Median relative error of the tail cells", "", *_table(results, nsides, schemes, times, "median", e),
              "", "## 90th percentile", "", *_table(results, nsides, schemes, times, "p90", e),
