@@ -608,8 +608,6 @@ class _RegionCache(threading.local):
     def use(self, sources, mu):
         """Make (sources, mu) the measure in use: its entry moved first, or a new one (the least
         recently used dropped beyond MEASURES)."""
-        if self.measure is not None and self._same(self.measure, sources, mu):
-            return
         for i, entry in enumerate(self.held):
             if self._same(entry[0], sources, mu):
                 self.held.insert(0, self.held.pop(i))
