@@ -396,6 +396,69 @@ def _backward(field, points, t, dt=0.025):
     return y, integral
 
 
+SAMPLING_STRIDES = (8, 4, 2, 1)  # every 8th / 4th / other / every snapshot
+
+
+def reference_sampling(ds, mesh, model, law, t, strides=SAMPLING_STRIDES, dt=0.0125):
+    """How f_char at t depends on the snapshots its field is sampled from, in one run (Dataset ds).
+
+    f_char from every k-th snapshot (k in strides, the last the finest) along RK4 characteristics
+    of step dt; over the deep background (cells farther than AWAY from every atom whose finest
+    f_char is below 10⁻⁴): the 90th percentile of |log₁₀| between each coarser f_char and the
+    finest, and between g = log f of the tails (when the snapshot holds it) and each f_char
+    (decades). g's own paths see the field linear in time between couplings: a reference sampled
+    at the couplings agrees with g by construction there, and only a finer one can show the
+    error of that linearisation. Returns {"cells", "against_finest": {k: p90}, "g": {k: p90}}."""
+    k = int(np.argmin(np.abs(ds.time.values - t)))
+    t_k = float(ds.time[k])
+    ref = {}
+    for stride in strides:
+        sub = ds.isel(time=slice(0, k + 1, stride))
+        if float(sub.time[-1]) != t_k:
+            raise ValueError(f"every {stride}th snapshot does not reach t = {t_k:g}")
+        ref[stride] = np.log10(characteristic_density(SavedField(sub, mesh, model), law, mesh.centroids, t_k, dt))
+    finest = strides[-1]
+    pos, mass = ds.atom_position.values[k], ds.atom_mass.values[k]
+    alive = mass > 0
+    far = ((mesh.centroids @ pos[alive].T).max(axis=1) < np.cos(AWAY)) if alive.any() else np.ones(mesh.npix, bool)
+    deep = far & (ref[finest] < -4)
+
+    def p90(a, b):
+        return float(np.percentile(np.abs(a[deep] - b[deep]), 90)) if deep.any() else math.nan
+
+    out = {"cells": int(deep.sum()), "against_finest": {s: p90(ref[s], ref[finest]) for s in strides[:-1]}, "g": {}}
+    if "log_density" in ds and float(ds["log_density_time"][k]) == t_k:
+        g = ds["log_density"].values[k] / math.log(10)
+        out["g"] = {s: p90(g, ref[s]) for s in strides}
+    return out
+
+
+def sampling_report(path, times=(4.0, 6.0, 7.0, 8.0), strides=SAMPLING_STRIDES, say=print):
+    """The markdown table of reference_sampling for a run file (`--sampling RUNFILE`)."""
+    from ..geometry.mesh import HealpixMesh
+    from ..runner.build import build_initial_law, build_model
+    from ..storage.runfile import open_run
+
+    ds = open_run(path)
+    cfg = json.loads(ds.attrs["config"])
+    model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
+    mesh = HealpixMesh(int(cfg["eulerian"]["nside"]))
+    step = float(ds.time[1] - ds.time[0])
+    every = [f"{s * step:g}" for s in strides]
+    lines = [f"f_char of `{Path(path).name}` from snapshots every {' / '.join(every)} (RK4 step 0.0125), "
+             f"90th percentile of |log₁₀| over the deep background (decades):", "",
+             "| t | cells | " + " | ".join(f"every {e} against every {every[-1]}" for e in every[:-1]) + " | "
+             + " | ".join(f"g against every {e}" for e in every) + " |",
+             "|---|---|" + "---|" * (2 * len(strides) - 1)]
+    for t in times:
+        r = reference_sampling(ds, mesh, model, law, t, strides)
+        g = [f"{r['g'][s]:.3f}" if s in r["g"] else "—" for s in strides]
+        lines.append(f"| {t:g} | {r['cells']} | " + " | ".join(f"{r['against_finest'][s]:.3f}" for s in strides[:-1])
+                     + " | " + " | ".join(g) + " |")
+        say(lines[-1])
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nside", type=int, nargs="+", default=[16, 32])
@@ -407,8 +470,13 @@ def main(argv=None):
                         help="with --tails: these states only (indices into TAIL_STATES, from 0)")
     parser.add_argument("--save-every", type=float, default=SAVE_EVERY,
                         help="with --tails: the runs' snapshot interval (the reference's time step; default 0.05)")
+    parser.add_argument("--sampling", metavar="RUNFILE", default=None,
+                        help="instead: how the reference of RUNFILE (a --tails run) depends on the snapshots "
+                             "its field is sampled from, at the times --t (reference_sampling)")
     args = parser.parse_args(argv)
-    if args.tails:
+    if args.sampling:
+        print(sampling_report(args.sampling, tuple(args.t)))
+    elif args.tails:
         tails_report(tuple(args.nside), tuple(args.t), args.out, states=args.states, save_every=args.save_every)
     else:
         report(tuple(args.nside), tuple(args.t), args.out)

@@ -132,3 +132,42 @@ def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
     sources, masses = field.measure(1.03)
     dying = np.all(np.isclose(sources, pos[0]), axis=1) & (masses > 0)
     np.testing.assert_allclose(masses[dying].sum(), 0.7 * 0.2, rtol=1e-12)
+
+
+def _run_dataset(mesh, densities, times, g=None):
+    import xarray as xr
+
+    n = len(times)
+    pos = np.zeros((n, 1, 3))
+    pos[:, 0, 0] = 1.0
+    data = {"density": (("time", "cell"), np.asarray(densities)),
+            "atom_position": (("time", "atom", "xyz"), pos),
+            "atom_mass": (("time", "atom"), np.zeros((n, 1)))}  # no atom alive: every cell is far
+    if g is not None:
+        data["log_density"] = (("time", "cell"), g)
+        data["log_density_time"] = ("time", np.asarray(times))
+    return xr.Dataset(data, coords={"time": np.asarray(times)})
+
+
+def test_reference_sampling_sees_only_a_measure_that_is_not_linear_in_time():
+    """A measure linear in time is the same field from every k-th snapshot (the differences vanish to
+    round-off); one that bends in time between snapshots 0.1 apart is not. The g column compares log f of the tails with each reference."""
+    from spherepde.validation.background import reference_sampling
+
+    mesh = HealpixMesh(2)
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta=3.0)
+    law = VonMisesFisher([0.3, -0.2, 0.9], 8.0)  # deep background (f < 10⁻⁴) on the far side
+    times = np.linspace(0.0, 0.8, 9)
+    f0 = law.cell_averages(mesh)
+    bump = np.exp(-8 * (1 - mesh.centroids @ np.array([0.0, 1.0, 0.0]))) / (4 * np.pi)
+    bump *= f0.sum() / bump.sum()
+    linear = [f0 + (s / 0.8) * (bump - f0) for s in times]
+    bent = [f0 + np.sin(4 * np.pi * s) ** 2 * (bump - f0) for s in times]
+    g = np.log(np.array(linear))
+    r = reference_sampling(_run_dataset(mesh, linear, times, g), mesh, model, law, 0.8, strides=(4, 2, 1), dt=0.05)
+    assert r["cells"] > 0
+    assert max(r["against_finest"].values()) < 1e-9
+    assert set(r["g"]) == {4, 2, 1}
+    r = reference_sampling(_run_dataset(mesh, bent, times), mesh, model, law, 0.8, strides=(4, 2, 1), dt=0.05)
+    assert min(r["against_finest"].values()) > 1e-3
+    assert r["g"] == {}
