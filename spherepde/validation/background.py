@@ -159,6 +159,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
     tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY])
            else "tails_defaults_selective_" if overrides == list(SELECTIVE) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
+           else "tails_retraced_substeps_" if SUBSTEPS in overrides
            else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
     name = f"background_run_{tag}nside{nside}{_saves_tag(save_every)}.nc"
@@ -323,12 +324,17 @@ UNBOUNDED = 'eulerian.tail_follow_bounds="none"'
 # the neighbourhood the finite volumes keep in cells only, as the defaults' state was run, before one
 # kernel width became the default (at nside 16 the same cells: 3 cells are 1.07 kernel widths)
 CELLS_ONLY = "eulerian.tail_exclusion_width=0.0"
+# g's paths through the states after every finite-volume step, 4 RK4 steps per path step
+# (docs/numerics.md#a-reference-that-resolves-the-field-between-couplings)
+SUBSTEPS = "eulerian.tail_substeps=4"
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
                "the same, paths retraced to anchors every 5.0": [*CLUSTERS, *RETRACED, UNBOUNDED],
                "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": [CELLS_ONLY],
-               "the defaults with selective paths, anchors every 5.0": list(SELECTIVE)}
+               "the defaults with selective paths, anchors every 5.0": list(SELECTIVE),
+               "the retraced paths through the states after every step (4 substeps)": [*CLUSTERS, *RETRACED, SUBSTEPS,
+                                                                                      UNBOUNDED]}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
@@ -360,7 +366,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "(`tail_follow_bounds = \"none\"`, as first run); and the defaults, whose followed cells stay within the "
         "range of f over their neighbours at the last coupling; and the defaults with the selective paths to anchors "
         "every 5.0 (`tail_paths = \"selective\"`: the composed maps, retraced where their error budget exceeds 0.01 "
-        "decades). f_char: the density carried along the backward "
+        "decades); and the retraced paths through the states after every finite-volume step (`tail_substeps = 4`). f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "
