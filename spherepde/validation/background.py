@@ -89,6 +89,14 @@ class SavedField:
         return v, div
 
 
+def _far_from_atoms(mesh, positions, masses):
+    """The cells farther than AWAY from every atom with mass (all cells when there is none)."""
+    alive = masses > 0
+    if not alive.any():
+        return np.ones(mesh.npix, bool)
+    return (mesh.centroids @ positions[alive].T).max(axis=1) < np.cos(AWAY)
+
+
 def _unit(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
@@ -188,9 +196,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
         head = f"| {label} " if label else ""
         row = head + f"| {nside} | {t:g} | {float(ds.mesh_mass[k]):.1e} | " + " | ".join(cells) + f" | {leaked:.1e} |"
         if label:
-            alive = mass > 0
-            far = ((mesh.centroids @ pos[alive].T).max(axis=1) < np.cos(AWAY)) if alive.any() else np.ones(mesh.npix, bool)
-            deep = far & (f_char < 1e-4)
+            deep = _far_from_atoms(mesh, pos, mass) & (f_char < 1e-4)
             row += f" {np.percentile(np.abs(ratio[deep]), 90):.3f} ({deep.sum()}) |" if deep.any() else " — |"
             # point against point: g at the centroid (with tails; of the last coupling) against f_char there
             if "log_density" in ds and deep.any() and float(ds["log_density_time"][k]) == float(ds.time[k]):
@@ -403,9 +409,10 @@ def _backward(field, points, t, dt=0.025):
 
 
 SAMPLING_STRIDES = (8, 4, 2, 1)  # every 8th / 4th / other / every snapshot
+SAMPLING_DT = 0.0125  # the characteristics' RK4 step in reference_sampling (converged to 0.004 decades at t = 8)
 
 
-def reference_sampling(ds, mesh, model, law, t, strides=SAMPLING_STRIDES, dt=0.0125):
+def reference_sampling(ds, mesh, model, law, t, strides=SAMPLING_STRIDES, dt=SAMPLING_DT):
     """How f_char at t depends on the snapshots its field is sampled from, in one run (Dataset ds).
 
     f_char from every k-th snapshot (k in strides, the last the finest) along RK4 characteristics
@@ -424,10 +431,7 @@ def reference_sampling(ds, mesh, model, law, t, strides=SAMPLING_STRIDES, dt=0.0
             raise ValueError(f"every {stride}th snapshot does not reach t = {t_k:g}")
         ref[stride] = np.log10(characteristic_density(SavedField(sub, mesh, model), law, mesh.centroids, t_k, dt))
     finest = strides[-1]
-    pos, mass = ds.atom_position.values[k], ds.atom_mass.values[k]
-    alive = mass > 0
-    far = ((mesh.centroids @ pos[alive].T).max(axis=1) < np.cos(AWAY)) if alive.any() else np.ones(mesh.npix, bool)
-    deep = far & (ref[finest] < -4)
+    deep = _far_from_atoms(mesh, ds.atom_position.values[k], ds.atom_mass.values[k]) & (ref[finest] < -4)
 
     def p90(a, b):
         return float(np.percentile(np.abs(a[deep] - b[deep]), 90)) if deep.any() else math.nan
@@ -451,7 +455,7 @@ def sampling_report(path, times=(4.0, 6.0, 7.0, 8.0), strides=SAMPLING_STRIDES, 
     mesh = HealpixMesh(int(cfg["eulerian"]["nside"]))
     step = float(ds.time[1] - ds.time[0])
     every = [f"{s * step:g}" for s in strides]
-    lines = [f"f_char of `{Path(path).name}` from snapshots every {' / '.join(every)} (RK4 step 0.0125), "
+    lines = [f"f_char of `{Path(path).name}` from snapshots every {' / '.join(every)} (RK4 step {SAMPLING_DT:g}), "
              f"90th percentile of |log₁₀| over the deep background (decades):", "",
              "| t | cells | " + " | ".join(f"every {e} against every {every[-1]}" for e in every[:-1]) + " | "
              + " | ".join(f"g against every {e}" for e in every) + " |",
