@@ -173,7 +173,7 @@ def _tail_options(eul):
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
             "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"],
             "retrace_tolerance": eul["tail_retrace_tolerance"], "follow_bounds": eul["tail_follow_bounds"],
-            "path_scheme": eul["tail_path_scheme"]}
+            "path_scheme": eul["tail_path_scheme"], "step_states": eul["tail_step_states"]}
 
 
 def run_times(config) -> list[float]:
@@ -348,7 +348,8 @@ class RunSetup:
                                "tail_reference": eul["tail_reference"],
                                "tail_retrace_tolerance": eul["tail_retrace_tolerance"],
                                "tail_follow_bounds": eul["tail_follow_bounds"],
-                               "tail_path_scheme": eul["tail_path_scheme"]})
+                               "tail_path_scheme": eul["tail_path_scheme"],
+                               "tail_step_states": eul["tail_step_states"]})
             if eul["tail_reference"] == "clusters":
                 self.arrays.update(TAIL_PEAK_ARRAYS)
 

@@ -19,7 +19,8 @@ coupling_schedule):
    only, its interpolation errors do not add up at every coupling) along paths in RK4 steps of at
    most `path_step` = 0.1 through the field of the states at every coupling since, linear in time
    between them (the attention sums of f dA + atoms); with `substeps` > 1, through the states
-   after every step; with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
+   after every step (step_states "atom_events": in the intervals where an atom was made or merged
+   only, `substeps` RK4 steps between each two of them); with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
    composed there with that coupling's departure points at the anchor and divergence integral
    (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
    with paths "selective" the maps, retraced to the anchor at the centroids whose map's error
@@ -67,7 +68,7 @@ from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, ad
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
-           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES"]
+           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -104,6 +105,11 @@ TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 # the field per step, 9 attention sums, since a field between two recorded states costs both), or
 # "heun" (the trapezoidal rule: the field at the ends of the step only, 3 sums)
 TAIL_PATH_SCHEMES = PATH_SCHEMES
+# which coupling intervals g's paths cross through the states after every step (with substeps > 1):
+# "all", or "atom_events": only those in which an atom was made or merged, where the field bends
+# between couplings (2 → 10 atom points within 0.1 at β = 30, t ≈ 7), the rest linear between the
+# couplings' states in the steps of path_step (docs/numerics.md#a-reference-that-resolves-the-field-between-couplings)
+TAIL_STEP_STATES = ("all", "atom_events")
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -169,7 +175,8 @@ class LogTails:
     (field_of); "constant": the cell-centre sums. anchor: g is interpolated at the couplings at
     least this far apart in time only (the anchors; `anchor_time` the last); a coupling in between
     advances the anchor's g along paths through the states of every coupling since, in RK4 steps
-    of at most path_step (None: `substeps` per coupling interval). anchor 0: g advanced from the
+    of at most path_step (None: `substeps` per coupling interval; step_states "atom_events": the
+    substeps only where atoms changed, _path_steps). anchor 0: g advanced from the
     last coupling, interpolated at every one (as before the anchors). paths "retrace" (default):
     each coupling retraces its paths to the anchor; "maps": it traces its own interval and
     composes it with the last coupling's map (_composed); "selective": the maps, retraced where
@@ -182,7 +189,8 @@ class LogTails:
                  criterion: str = "min", follow: bool = True, reference: str = "mesh", substeps: int = 1,
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
-                 follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0):
+                 follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0,
+                 step_states: str = "all"):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
@@ -217,7 +225,14 @@ class LogTails:
             raise ValueError(f"substeps must be an integer >= 1, got {substeps!r}")
         self.reset, self.criterion, self.follow, self.reference = reset, criterion, bool(follow), reference
         self.substeps = substeps
+        if step_states not in TAIL_STEP_STATES:
+            raise ValueError(f"step_states must be one of {TAIL_STEP_STATES}, got {step_states!r}")
+        self.step_states = step_states
         self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1
+        self._atoms_changed = False  # an atom made or merged since the last coupling (atoms_changed)
+        # ("atom_events") the coupling intervals since the anchor whose states after every step g's
+        # paths cross: (start, end, the step times between them)
+        self._fine = []
         self.mesh, self.model = mesh, model
         self.interval, self.level, self.exclusion = float(interval), float(level), float(exclusion)
         self.interpolant = PolynomialInterpolant(mesh, limited=limited)
@@ -280,7 +295,7 @@ class LogTails:
             raise ValueError(f"tails need log f at the {self.mesh.npix} centroids, finite (f > 0 everywhere)")
         self.g, self.t = g, float(t)
         self._previous = self.field_of(f, atoms)
-        self._states = []
+        self._states, self._fine, self._atoms_changed = [], [], False
         # paths "start": g is interpolated at t only; every coupling follows its paths back to t
         # through the states of all couplings since (kept here)
         self._origin = (float(t), g.copy(), [(float(t), self._previous)])
@@ -307,6 +322,12 @@ class LogTails:
         if not dt > 0:
             raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
         now = self.field_of(f, atoms)
+        if self.step_states == "atom_events" and self.substeps > 1:
+            if self._atoms_changed:  # this interval's paths go through its states after every step
+                self._fine.append((float(t0), float(t), [s for s, _ in self._states]))
+            else:  # the field linear between the couplings' states, as without substeps
+                self._states = []
+        self._atoms_changed = False
         # the states since the last anchor: at every coupling (the anchor's first), those recorded
         # since t0 (substeps > 1: one per step), then this one
         origin_t, origin_g, history = self._origin
@@ -326,7 +347,7 @@ class LogTails:
             self.g = g = self._composed(origin_g, field, t0, dt)
         else:
             self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
-                                             self._path_steps(t - origin_t, dt), self.path_scheme)
+                                             self._path_steps(t - origin_t, dt, origin_t), self.path_scheme)
         self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
@@ -367,6 +388,7 @@ class LogTails:
         if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
             self._origin = (float(t), g.copy(), [(float(t), self._previous)])
             self._map = None
+            self._fine = []
         elif self.maps and not self.selective:  # the paths of the next coupling start here
             self._origin = (self._origin[0], self._origin[1], [(float(t), self._previous)])
         else:
@@ -384,7 +406,7 @@ class LogTails:
         divergence integral (interpolated), g at the anchor interpolated once at the composed
         departure points. The maps are smooth where the field is (at β = 30 its width is 0.18 rad),
         and cost one interval's paths per coupling instead of the retraced span since the anchor."""
-        here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt), self.path_scheme)
+        here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt, t0), self.path_scheme)
         earlier = self._map  # None at the anchor
         self.retraced = 0
         if not self.selective or earlier is None:
@@ -398,7 +420,8 @@ class LogTails:
             origin_t = self._origin[0]
             span = t0 + dt - origin_t
             departure[retrace], integral[retrace] = trace_back(self.interpolant.centroids[retrace], field, origin_t,
-                                                               span, self._path_steps(span, dt), self.path_scheme)
+                                                               span, self._path_steps(span, dt, origin_t),
+                                                               self.path_scheme)
             budget[retrace] = 0.0
         self._map = departure, integral, budget
         return self.interpolant(origin_g, departure) - integral
@@ -433,12 +456,33 @@ class LogTails:
         run resumes from the last such snapshot)."""
         return self._origin[0]
 
-    def _path_steps(self, span, dt):
-        """RK4 steps of the paths over `span` back to the anchor: `substeps` per coupling interval
-        dt (path_step None), else at most path_step long (× substeps)."""
+    def _path_steps(self, span, dt, start):
+        """RK4 steps of the paths over `span` from `start`: `substeps` per coupling interval dt
+        (path_step None), else at most path_step long (× substeps); or, with step_states
+        "atom_events", those steps without the substeps, where every coupling interval in the span
+        whose states after every step g's paths cross (self._fine) is replaced by `substeps` steps
+        between each two of its states: the step boundaries (trace_back)."""
+        refine = self.substeps if self.step_states == "all" else 1
         if self.path_step is None:
-            return self.substeps * max(1, round(span / dt))
-        return self.substeps * max(1, math.ceil(span / self.path_step - 1e-9))
+            steps = refine * max(1, round(span / dt))
+        else:
+            steps = refine * max(1, math.ceil(span / self.path_step - 1e-9))
+        end = start + span
+        fine = [(a, b, between) for a, b, between in self._fine if a >= start - 1e-9 and b <= end + 1e-9]
+        if not fine:
+            return steps
+        edges = [start + span * k / steps for k in range(steps + 1)]
+        for a, b, _ in fine:  # the uniform boundaries inside a fine interval give way to its own
+            edges = [e for e in edges if not a < e < b]
+        for a, b, between in fine:
+            states = [a, *between, b]
+            for lo, hi in zip(states[:-1], states[1:]):
+                edges += [lo + (hi - lo) * j / self.substeps for j in range(self.substeps + 1)]
+        edges = np.unique(np.array(edges))
+        keep = np.concatenate([[True], np.diff(edges) > 1e-12 * max(1.0, abs(end))])
+        edges = edges[keep]
+        edges[0], edges[-1] = start, end
+        return edges
 
     def log_rate(self, field):
         """∂g/∂t = −v·∇g − div_S v at the centroids (1/time), in the frozen field (points → (v,
@@ -470,8 +514,10 @@ class LogTails:
 
     def forget_anchor(self):
         """Follow nothing until the next coupling: the atoms changed (a new atom's patch decides
-        its cells, and the mesh's largest f, which sets the level, dropped with the peak)."""
+        its cells, and the mesh's largest f, which sets the level, dropped with the peak); with
+        step_states "atom_events" g's paths cross this interval through its states after every step."""
         self._anchor = None
+        self._atoms_changed = True
 
     @property
     def followed_edges(self):

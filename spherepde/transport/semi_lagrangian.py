@@ -195,11 +195,11 @@ class PolynomialInterpolant:
         return out
 
 
-def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1, scheme: str = "rk4"):
+def advance_log_density(interpolant, g, field, t, dt, substeps=1, scheme: str = "rk4"):
     """g at the centroids at t + dt from g at t (module docstring). field(s, points) → (v, div).
-    substeps: the path back from each centroid in that many steps of dt/substeps (trace_back's
-    scheme; the divergence integral summed along it), g interpolated once at its end, so a finer
-    path adds no interpolation error."""
+    substeps: the path back from each centroid in that many steps of dt/substeps, or through the
+    step boundaries given (trace_back; the divergence integral summed along it), g interpolated
+    once at its end, so a finer path adds no interpolation error."""
     departure, integral = trace_back(interpolant.centroids, field, t, dt, substeps, scheme)
     return interpolant(g, departure) - integral
 
@@ -207,9 +207,10 @@ def advance_log_density(interpolant, g, field, t, dt, substeps: int = 1, scheme:
 PATH_SCHEMES = ("rk4", "heun")  # trace_back's integrators of the paths
 
 
-def trace_back(x, field, t, dt, substeps: int = 1, scheme: str = "rk4"):
+def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
     """The paths of the field that arrive at the points x (n, 3) at t + dt, traced back to t in
-    `substeps` steps: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path).
+    `substeps` equal steps, or (an increasing sequence of times from t to t + dt) in the steps
+    between them: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path).
     field(s, points) → (v, div). scheme "rk4": RK4 steps, Simpson on div v (the midpoint by RK4's
     dense output): 6 calls of field per step, three of them between its ends; "heun": the
     trapezoidal rule (Heun's predictor–corrector) for the path and for ∫div v, field at the ends
@@ -217,12 +218,23 @@ def trace_back(x, field, t, dt, substeps: int = 1, scheme: str = "rk4"):
     states already is, at half the calls, and a field between states costs two sums."""
     if scheme not in PATH_SCHEMES:
         raise ValueError(f"scheme must be one of {PATH_SCHEMES}, got {scheme!r}")
+    edges = None
+    if not isinstance(substeps, (int, np.integer)):
+        edges = np.asarray(substeps, dtype=float)
+        if edges.ndim != 1 or edges.size < 2 or not (np.diff(edges) > 0).all() \
+                or not np.isclose(edges[0], t) or not np.isclose(edges[-1], t + dt):
+            raise ValueError(f"step boundaries must increase from {t!r} to {t + dt!r}")
+        substeps = edges.size - 1
     h = -dt / substeps  # backward in time, from the arrival at t + dt
     integral = 0.0
     for j in range(substeps):
         # this substep runs from hi back to lo (one step: t + dt, t + dt/2, t exactly)
         k = substeps - j
-        hi, mid, lo = t + dt * k / substeps, t + dt * (2 * k - 1) / (2 * substeps), t + dt * (k - 1) / substeps
+        if edges is None:
+            hi, mid, lo = t + dt * k / substeps, t + dt * (2 * k - 1) / (2 * substeps), t + dt * (k - 1) / substeps
+        else:
+            hi, lo = edges[k], edges[k - 1]
+            mid, h = 0.5 * (hi + lo), lo - hi
         k1, div1 = field(hi, x)
         if scheme == "heun":
             k2 = field(lo, unit_rows(x + h * k1))[0]

@@ -167,6 +167,9 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
     tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY])
            else "tails_defaults_selective_" if overrides == list(SELECTIVE) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
+           else "tails_retraced_events_" if EVENTS in overrides and RETRACED[1] in overrides
+           else "tails_clusters_events_" if EVENTS in overrides and CLUSTERS[0] in overrides
+           else "tails_defaults_events_" if EVENTS in overrides
            else "tails_retraced_substeps_" if SUBSTEPS in overrides
            else "tails_retraced_" if RETRACED[1] in overrides
            else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
@@ -333,6 +336,9 @@ CELLS_ONLY = "eulerian.tail_exclusion_width=0.0"
 # g's paths through the states after every finite-volume step, 4 RK4 steps per path step
 # (docs/numerics.md#a-reference-that-resolves-the-field-between-couplings)
 SUBSTEPS = "eulerian.tail_substeps=4"
+# the same, only in the coupling intervals where an atom was made or merged (the field linear between
+# the couplings' states elsewhere)
+EVENTS = 'eulerian.tail_step_states="atom_events"'
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
@@ -340,7 +346,12 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, the defaults (couplings every 0.2, followed within the neighbours)": [CELLS_ONLY],
                "the defaults with selective paths, anchors every 5.0": list(SELECTIVE),
                "the retraced paths through the states after every step (4 substeps)": [*CLUSTERS, *RETRACED, SUBSTEPS,
-                                                                                      UNBOUNDED]}
+                                                                                      UNBOUNDED],
+               "the same, through every step's state where atoms changed only": [*CLUSTERS, *RETRACED, SUBSTEPS, EVENTS,
+                                                                                  UNBOUNDED],
+               "the defaults, through every step's state where atoms changed (4 substeps)": [SUBSTEPS, EVENTS],
+               "couplings every 0.05 at the clusters' peaks, through every step's state where atoms changed":
+                   [*CLUSTERS, SUBSTEPS, EVENTS]}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):

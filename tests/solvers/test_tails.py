@@ -255,7 +255,7 @@ def test_config_refuses_tails_without_atoms_or_with_heads():
                  "eulerian": {"tails": "log", "tail_interval": 0.0}, "time": {"t_end": 1.0, "save_every": 0.5}})
     for key, value in (("tail_anchor", -0.5), ("tail_anchor", 6.0), ("tail_path_step", 0.0), ("tail_path_step", 2.0),
                        ("tail_paths", "compose"), ("tail_substeps", 0), ("tail_substeps", 2.5), ("tail_substeps", 17),
-                       ("tail_reference", "measure")):
+                       ("tail_reference", "measure"), ("tail_step_states", "events")):
         with pytest.raises(ConfigError, match=rf"\[eulerian\] {key}"):
             resolve({"model": {"beta": 1.0, "B": "identity", "V": "identity"},
                      "eulerian": {"tails": "log", key: value}, "time": {"t_end": 1.0, "save_every": 0.5}})
@@ -376,6 +376,66 @@ def test_paths_in_substeps_interpolate_g_once_and_converge_in_time():
         from spherepde.solvers.tails import LogTails
 
         LogTails(mesh, AttentionModel(PAPER_B, PAPER_V, math.inf), substeps=0)
+
+
+def _time_tagged_tails(step_states, substeps=4):
+    """LogTails on nside 4 whose states' fields are the projected linear flow c(Mx − ⟨x, Mx⟩x),
+    c = the state's f (constant, = 1 + t here), each call of a state's field logged as its c."""
+    tails = LogTails(HealpixMesh(4), AttentionModel(PAPER_B, PAPER_V, math.inf), interval=0.2, anchor=1.0,
+                     paths="retrace", substeps=substeps, step_states=step_states, follow=False)
+    M = np.diag([1.0, -1.0, -2.0])
+    calls = []
+
+    def field_of(f, atoms):
+        c = float(f[0])
+
+        def field(points):
+            calls.append(c)
+            mx = points @ M
+            along = np.sum(points * mx, axis=1)
+            return c * (mx - along[:, None] * points), c * (np.trace(M) - 3.0 * along)
+        return field
+
+    tails.field_of = field_of
+    f = np.ones(tails.mesh.npix)
+    tails.start(0.0, np.zeros(tails.mesh.npix), f, None)
+    return tails, calls, f
+
+
+def test_step_states_at_atom_events_only_cross_the_intervals_where_atoms_changed():
+    """tail_step_states = "atom_events": g's paths cross a coupling interval through its states
+    after every step only where an atom was made or merged in it (forget_anchor), there in
+    `substeps` RK4 steps between each two states; elsewhere they are the paths without substeps,
+    bit for bit. "all" crosses every interval so."""
+    runs = {}
+    for states, substeps in (("atom_events", 4), ("all", 4), ("all", 1)):
+        tails, calls, f = _time_tagged_tails(states, substeps)
+        for s in (0.05, 0.1, 0.15):
+            tails.follow_tail(s, f * (1.0 + s), None)
+        del calls[:]
+        tails.couple(0.2, f * 1.2, None)
+        runs[states, substeps] = (tails, sorted(set(calls)), tails.g.copy(), calls)
+    events, every, none = runs["atom_events", 4], runs["all", 4], runs["all", 1]
+    assert events[1] == none[1] == [1.0, 1.2]  # the couplings' states only
+    assert every[1] == pytest.approx([1.0, 1.05, 1.1, 1.15, 1.2])
+    assert np.array_equal(events[2], none[2]) and not np.array_equal(every[2], none[2])
+    assert events[0]._path_steps(0.4, 0.2, 0.0) == 4  # path_step steps over [0, 0.4], no substeps
+    # the next interval: an atom made at 0.31
+    tails, calls, f = events[0], events[3], np.ones(events[0].mesh.npix)
+    for s in (0.23, 0.31):
+        tails.follow_tail(s, f * (1.0 + s), None)
+    tails.forget_anchor()
+    tails.follow_tail(0.37, f * 1.37, None)
+    del calls[:]
+    tails.couple(0.4, f * 1.4, None)
+    assert tails._fine == [(0.2, 0.4, [0.23, 0.31, 0.37])] and not tails._atoms_changed
+    assert sorted(set(calls)) == pytest.approx([1.0, 1.2, 1.23, 1.31, 1.37, 1.4])
+    edges = tails._path_steps(0.4, 0.2, 0.0)
+    # [0, 0.2] in steps of path_step, [0.2, 0.4] in 4 steps between each two of its states
+    fine = [a + (b - a) * j / 4 for a, b in zip((0.2, 0.23, 0.31, 0.37), (0.23, 0.31, 0.37, 0.4)) for j in range(4)]
+    assert edges == pytest.approx([0.0, 0.1, *fine, 0.4], abs=1e-12) and edges[0] == 0.0 and edges[-1] == 0.4
+    with pytest.raises(ValueError, match="step_states"):
+        LogTails(HealpixMesh(2), AttentionModel(PAPER_B, PAPER_V, 30.0), step_states="events")
 
 
 class _FixedAtoms:

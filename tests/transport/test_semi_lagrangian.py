@@ -167,6 +167,33 @@ def test_path_schemes_converge_at_their_order(scheme, order, calls):
         trace_back(x, field, 0.0, 0.4, 1, "euler")
 
 
+def test_paths_through_given_step_boundaries():
+    """trace_back through step boundaries: equal ones are the equal steps (to round-off); graded
+    ones (each step 1.5× the last), halved, converge at RK4's order against the exact flow; ones
+    that do not span [t, t + dt] in increasing order are refused."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(100, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    equal = trace_back(x, field, 0.0, 0.4, 4)
+    given = trace_back(x, field, 0.0, 0.4, np.linspace(0.0, 0.4, 5))
+    assert np.abs(equal[0] - given[0]).max() < 1e-14 and np.abs(equal[1] - given[1]).max() < 1e-14
+    z = x @ scipy.linalg.expm(-0.4 * M).T
+    exact = z / np.linalg.norm(z, axis=1, keepdims=True), 3 * np.log(np.linalg.norm(z, axis=1)) - 0.8
+    errors = []
+    widths = 1.5 ** np.arange(3)
+    edges = np.concatenate([[0.0], np.cumsum(widths)]) * 0.4 / widths.sum()
+    for _ in range(3):
+        feet, integral = trace_back(x, field, 0.0, 0.4, edges)
+        errors.append((np.abs(feet - exact[0]).max(), np.abs(integral - exact[1]).max()))
+        edges = np.sort(np.concatenate([edges, 0.5 * (edges[1:] + edges[:-1])]))  # every step halved
+    for k in range(2):
+        observed = [math.log2(a[k] / b[k]) for a, b in zip(errors, errors[1:])]
+        assert all(p > 3.3 for p in observed), (k, observed, errors)
+    for bad in ([0.0, 0.3, 0.2, 0.4], [0.0, 0.4, 0.4], [0.1, 0.4], [0.0, 0.3], [[0.0, 0.4]]):
+        with pytest.raises(ValueError, match="step boundaries"):
+            trace_back(x, field, 0.0, 0.4, np.array(bad))
+
+
 def test_cell_averages_of_exp_match_the_exact_cell_averages(mesh_factory):
     """From the exact log f at the centroids (t = 4), the cell averages of e^{fit} match the exact
     cell averages (adaptive quadrature) over the tail: median below 2e-4 and falling ≥ 8× from

@@ -95,14 +95,14 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
 def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
     command line and last column say the save intervals compared (no state run: states=[])."""
-    from spherepde.validation.background import (CELLS_ONLY, RETRACED, SELECTIVE, SUBSTEPS, TAIL_STATES, UNBOUNDED,
-                                                 tails_report)
+    from spherepde.validation.background import (CELLS_ONLY, EVENTS, RETRACED, SELECTIVE, SUBSTEPS, TAIL_STATES,
+                                                 UNBOUNDED, tails_report)
 
     tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
     assert "--save-every 0.025" in text and "f_char, saves 0.05 against 0.025, p90" in text
     assert not (tmp_path / "background_tails.md").exists()
-    assert len(TAIL_STATES) == 7 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 10 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states first run before the bound became the default keep their unbounded following
     assert all(UNBOUNDED in overrides for overrides in list(TAIL_STATES.values())[1:4])
     # the defaults' state as it was run: 3 cells kept around an atom, before one kernel width became the default
@@ -111,6 +111,10 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     # the retraced paths of state 3 through the states after every step, in a run file of their own
     substeps = list(TAIL_STATES.values())[6]
     assert SUBSTEPS in substeps and set(RETRACED) <= set(substeps) and UNBOUNDED in substeps
+    # the same and the defaults through every step's state only where atoms changed
+    assert list(TAIL_STATES.values())[7] == [*substeps[:-1], EVENTS, UNBOUNDED]
+    assert list(TAIL_STATES.values())[8] == [SUBSTEPS, EVENTS]
+    assert list(TAIL_STATES.values())[9] == [*substeps[:2], SUBSTEPS, EVENTS]  # the clusters' peaks, maps
 
 
 def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
