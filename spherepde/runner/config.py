@@ -77,8 +77,9 @@ A config has the sections
                    attention sums), tail_substeps (1: g's
                    paths see the states at the couplings, linear in time between them; k > 1:
                    the states after every step, k times the path steps), tail_step_states
-                   (with tail_substeps > 1, which coupling intervals: "all" (default) or
-                   "atom_events", those in which an atom was made or merged), tail_reference (what
+                   (which coupling intervals cross the states after every step: "all"
+                   (default; with tail_substeps > 1) or "atom_events", those in which an atom
+                   was made or merged, tail_substeps RK4 steps between each two states), tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
                    largest of it and the peak density of every atom's cluster, carried by
                    Liouville along the atom's path; docs/numerics.md), near_field_profile (the density inside a

@@ -19,8 +19,8 @@ coupling_schedule):
    only, its interpolation errors do not add up at every coupling) along paths in RK4 steps of at
    most `path_step` = 0.1 through the field of the states at every coupling since, linear in time
    between them (the attention sums of f dA + atoms); with `substeps` > 1, through the states
-   after every step (step_states "atom_events": in the intervals where an atom was made or merged
-   only, `substeps` RK4 steps between each two of them); with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
+   after every step (step_states "atom_events", any substeps: in the intervals where an atom was
+   made or merged only, `substeps` RK4 steps between each two of them); with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
    composed there with that coupling's departure points at the anchor and divergence integral
    (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
    with paths "selective" the maps, retraced to the anchor at the centroids whose map's error
@@ -105,9 +105,10 @@ TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 # the field per step, 9 attention sums, since a field between two recorded states costs both), or
 # "heun" (the trapezoidal rule: the field at the ends of the step only, 3 sums)
 TAIL_PATH_SCHEMES = PATH_SCHEMES
-# which coupling intervals g's paths cross through the states after every step (with substeps > 1):
-# "all", or "atom_events": only those in which an atom was made or merged, where the field bends
-# between couplings (2 → 10 atom points within 0.1 at β = 30, t ≈ 7), the rest linear between the
+# which coupling intervals g's paths cross through the states after every step: "all" (with
+# substeps > 1, in substeps × the RK4 steps), or "atom_events": only those in which an atom was made
+# or merged, where the field bends between couplings (2 → 10 atom points within 0.1 at β = 30, t ≈ 7),
+# in `substeps` RK4 steps between each two states (any substeps), the rest linear between the
 # couplings' states in the steps of path_step (docs/numerics.md#a-reference-that-resolves-the-field-between-couplings)
 TAIL_STEP_STATES = ("all", "atom_events")
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
@@ -228,7 +229,7 @@ class LogTails:
         if step_states not in TAIL_STEP_STATES:
             raise ValueError(f"step_states must be one of {TAIL_STEP_STATES}, got {step_states!r}")
         self.step_states = step_states
-        self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1
+        self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1 or at atom events
         self._atoms_changed = False  # an atom made or merged since the last coupling (atoms_changed)
         # ("atom_events") the coupling intervals since the anchor whose states after every step g's
         # paths cross: (start, end, the step times between them)
@@ -322,7 +323,7 @@ class LogTails:
         if not dt > 0:
             raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
         now = self.field_of(f, atoms)
-        if self.step_states == "atom_events" and self.substeps > 1:
+        if self.step_states == "atom_events":
             if self._atoms_changed:  # this interval's paths go through its states after every step
                 self._fine.append((float(t0), float(t), [s for s, _ in self._states]))
             else:  # the field linear between the couplings' states, as without substeps
@@ -544,7 +545,7 @@ class LogTails:
         (nside 16, β = 30, t = 6–16), where following is off by 0.04–0.12 (docs/numerics.md)."""
         if self._anchor is not None:
             self._follow(t, f, atoms)
-        if self.substeps > 1:  # the state after this step, for g's paths at the next coupling
+        if self.substeps > 1 or self.step_states == "atom_events":  # for g's paths at the next coupling
             self._states.append((float(t), self.field_of(f, atoms)))
 
     def _follow(self, t, f, atoms):

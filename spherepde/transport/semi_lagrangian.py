@@ -215,7 +215,9 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
     dense output): 6 calls of field per step, three of them between its ends; "heun": the
     trapezoidal rule (Heun's predictor–corrector) for the path and for ∫div v, field at the ends
     of the step only (3 calls): second order, as the field linear in time between recorded
-    states already is, at half the calls, and a field between states costs two sums."""
+    states already is, at half the calls, and a field between states costs two sums. The field
+    at a step's departure points is the next step's first call, made once: 5n + 1 calls for n
+    RK4 steps, 2n + 1 by the trapezoidal rule."""
     if scheme not in PATH_SCHEMES:
         raise ValueError(f"scheme must be one of {PATH_SCHEMES}, got {scheme!r}")
     edges = None
@@ -227,6 +229,7 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
         substeps = edges.size - 1
     h = -dt / substeps  # backward in time, from the arrival at t + dt
     integral = 0.0
+    arrival = None  # the field at the start of this step (the last one's departure points), once known
     for j in range(substeps):
         # this substep runs from hi back to lo (one step: t + dt, t + dt/2, t exactly)
         k = substeps - j
@@ -235,11 +238,12 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
         else:
             hi, lo = edges[k], edges[k - 1]
             mid, h = 0.5 * (hi + lo), lo - hi
-        k1, div1 = field(hi, x)
+        k1, div1 = field(hi, x) if arrival is None else arrival
         if scheme == "heun":
             k2 = field(lo, unit_rows(x + h * k1))[0]
             departure = unit_rows(x + 0.5 * h * (k1 + k2))
-            _, div0 = field(lo, departure)
+            arrival = field(lo, departure)
+            div0 = arrival[1]
             integral = integral - 0.5 * h * (div0 + div1)
             x = departure
             continue
@@ -250,7 +254,8 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
         # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
         middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
         _, divm = field(mid, middle)
-        _, div0 = field(lo, departure)
+        arrival = field(lo, departure)
+        div0 = arrival[1]
         integral = integral - h * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
         x = departure
     return x, integral

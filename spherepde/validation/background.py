@@ -167,6 +167,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
     tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY])
            else "tails_defaults_selective_" if overrides == list(SELECTIVE) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
+           else "tails_retraced_events1_" if EVENTS in overrides and RETRACED[1] in overrides and SUBSTEPS not in overrides
            else "tails_retraced_events_" if EVENTS in overrides and RETRACED[1] in overrides
            else "tails_clusters_events_" if EVENTS in overrides and CLUSTERS[0] in overrides
            else "tails_defaults_events_" if EVENTS in overrides
@@ -351,7 +352,9 @@ TAIL_STATES = {"finite volumes + atoms": False,
                                                                                   UNBOUNDED],
                "the defaults, through every step's state where atoms changed (4 substeps)": [SUBSTEPS, EVENTS],
                "couplings every 0.05 at the clusters' peaks, through every step's state where atoms changed":
-                   [*CLUSTERS, SUBSTEPS, EVENTS]}
+                   [*CLUSTERS, SUBSTEPS, EVENTS],
+               "the retraced paths through every step's state where atoms changed, one RK4 step between each two":
+                   [*CLUSTERS, *RETRACED, EVENTS, UNBOUNDED]}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):

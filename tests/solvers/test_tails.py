@@ -434,6 +434,14 @@ def test_step_states_at_atom_events_only_cross_the_intervals_where_atoms_changed
     # [0, 0.2] in steps of path_step, [0.2, 0.4] in 4 steps between each two of its states
     fine = [a + (b - a) * j / 4 for a, b in zip((0.2, 0.23, 0.31, 0.37), (0.23, 0.31, 0.37, 0.4)) for j in range(4)]
     assert edges == pytest.approx([0.0, 0.1, *fine, 0.4], abs=1e-12) and edges[0] == 0.0 and edges[-1] == 0.4
+    # one RK4 step between each two states (substeps 1): the boundaries are the states' times
+    one, calls, f = _time_tagged_tails("atom_events", substeps=1)
+    one.forget_anchor()
+    for s in (0.05, 0.12):
+        one.follow_tail(s, f * (1.0 + s), None)
+    one.couple(0.2, f * 1.2, None)
+    assert sorted(set(calls)) == pytest.approx([1.0, 1.05, 1.12, 1.2])
+    assert one._path_steps(0.2, 0.2, 0.0) == pytest.approx([0.0, 0.05, 0.12, 0.2], abs=1e-12)
     with pytest.raises(ValueError, match="step_states"):
         LogTails(HealpixMesh(2), AttentionModel(PAPER_B, PAPER_V, 30.0), step_states="events")
 
