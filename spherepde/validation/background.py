@@ -167,6 +167,8 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
     tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY])
            else "tails_defaults_selective_" if overrides == list(SELECTIVE) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
            else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
+           else "tails_retraced_step0.025_" if "eulerian.tail_path_step=0.025" in overrides
+           else "tails_retraced_step0.05_" if "eulerian.tail_path_step=0.05" in overrides
            else "tails_retraced_events1_" if EVENTS in overrides and RETRACED[1] in overrides and SUBSTEPS not in overrides
            else "tails_retraced_events_" if EVENTS in overrides and RETRACED[1] in overrides
            else "tails_clusters_events_" if EVENTS in overrides and CLUSTERS[0] in overrides
@@ -354,7 +356,11 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "couplings every 0.05 at the clusters' peaks, through every step's state where atoms changed":
                    [*CLUSTERS, SUBSTEPS, EVENTS],
                "the retraced paths through every step's state where atoms changed, one RK4 step between each two":
-                   [*CLUSTERS, *RETRACED, EVENTS, UNBOUNDED]}
+                   [*CLUSTERS, *RETRACED, EVENTS, UNBOUNDED],
+               "the retraced paths in RK4 steps of 0.025": [*CLUSTERS, *RETRACED, "eulerian.tail_path_step=0.025",
+                                                            UNBOUNDED],
+               "the retraced paths in RK4 steps of 0.05 (one per coupling interval)":
+                   [*CLUSTERS, *RETRACED, "eulerian.tail_path_step=0.05", UNBOUNDED]}
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
@@ -386,7 +392,9 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "(`tail_follow_bounds = \"none\"`, as first run); and the defaults, whose followed cells stay within the "
         "range of f over their neighbours at the last coupling; and the defaults with the selective paths to anchors "
         "every 5.0 (`tail_paths = \"selective\"`: the composed maps, retraced where their error budget exceeds 0.01 "
-        "decades); and the retraced paths through the states after every finite-volume step (`tail_substeps = 4`). f_char: the density carried along the backward "
+        "decades); and the retraced paths through the states after every finite-volume step (`tail_substeps = 4`); "
+        "the later states as their first column names them (`tail_step_states = \"atom_events\"`: through every step's state only "
+        "in the coupling intervals where an atom was made or merged; `tail_path_step`: the paths' RK4 step). f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
         "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "

@@ -102,7 +102,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
     assert "--save-every 0.025" in text and "f_char, saves 0.05 against 0.025, p90" in text
     assert not (tmp_path / "background_tails.md").exists()
-    assert len(TAIL_STATES) == 11 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 13 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states first run before the bound became the default keep their unbounded following
     assert all(UNBOUNDED in overrides for overrides in list(TAIL_STATES.values())[1:4])
     # the defaults' state as it was run: 3 cells kept around an atom, before one kernel width became the default
@@ -117,6 +117,10 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert list(TAIL_STATES.values())[9] == [*substeps[:2], SUBSTEPS, EVENTS]  # the clusters' peaks, maps
     # the retraced paths at atom events, one RK4 step between each two states
     assert list(TAIL_STATES.values())[10] == [*substeps[:4], EVENTS, UNBOUNDED]
+    # the retraced paths of state 3 in shorter RK4 steps, without the step states
+    assert [overrides[4] for overrides in list(TAIL_STATES.values())[11:]] == [
+        "eulerian.tail_path_step=0.025", "eulerian.tail_path_step=0.05"]
+    assert all(overrides[:4] + overrides[5:] == substeps[:4] + [UNBOUNDED] for overrides in list(TAIL_STATES.values())[11:])
 
 
 def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
