@@ -20,8 +20,8 @@ coupling_schedule):
    most `path_step` = 0.1 through the field of the states at every coupling since, linear in time
    between them (the attention sums of f dA + atoms); with `substeps` > 1, through the states
    after every step (step_states "atom_events", any substeps: in the intervals where an atom was
-   made or merged only, `substeps` RK4 steps between each two of them); with paths "maps" (`[eulerian] tail_paths`) only back to the last coupling,
-   composed there with that coupling's departure points at the anchor and divergence integral
+   made or merged only, `substeps` RK4 steps between each two of them); with paths "maps"
+   (`[eulerian] tail_paths`) only back to the last coupling, composed there with that coupling's departure points at the anchor and divergence integral
    (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
    with paths "selective" the maps, retraced to the anchor at the centroids whose map's error
    budget (the quadratic against the cubic fit at every composition, carried along the paths)
@@ -107,9 +107,11 @@ TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 TAIL_PATH_SCHEMES = PATH_SCHEMES
 # which coupling intervals g's paths cross through the states after every step: "all" (with
 # substeps > 1, in substeps × the RK4 steps), or "atom_events": only those in which an atom was made
-# or merged, where the field bends between couplings (2 → 10 atom points within 0.1 at β = 30, t ≈ 7),
-# in `substeps` RK4 steps between each two states (any substeps), the rest linear between the
-# couplings' states in the steps of path_step (docs/numerics.md#a-reference-that-resolves-the-field-between-couplings)
+# or merged (2 → 10 atom points within 0.1 at β = 30, t ≈ 7), in `substeps` RK4 steps between each
+# two states (any substeps), the rest linear between the couplings' states in the steps of
+# path_step. Measured, the field bends between couplings elsewhere too, and "atom_events" does not
+# meet the self-consistency at t = 7–8 that "all" meets (docs/numerics.md, "Step states at atom
+# events only")
 TAIL_STEP_STATES = ("all", "atom_events")
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
@@ -230,7 +232,7 @@ class LogTails:
             raise ValueError(f"step_states must be one of {TAIL_STEP_STATES}, got {step_states!r}")
         self.step_states = step_states
         self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1 or at atom events
-        self._atoms_changed = False  # an atom made or merged since the last coupling (atoms_changed)
+        self._atoms_changed = False  # an atom made or merged since the last coupling (forget_anchor)
         # ("atom_events") the coupling intervals since the anchor whose states after every step g's
         # paths cross: (start, end, the step times between them)
         self._fine = []
