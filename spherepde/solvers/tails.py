@@ -474,9 +474,9 @@ class LogTails:
         fine = [(a, b, between) for a, b, between in self._fine if a >= start - 1e-9 and b <= end + 1e-9]
         if not fine:
             return steps
-        edges = [start + span * k / steps for k in range(steps + 1)]
-        for a, b, _ in fine:  # the uniform boundaries inside a fine interval give way to its own
-            edges = [e for e in edges if not a < e < b]
+        # the uniform boundaries inside a fine interval give way to its own
+        edges = [e for e in (start + span * k / steps for k in range(steps + 1))
+                 if not any(a < e < b for a, b, _ in fine)]
         for a, b, between in fine:
             states = [a, *between, b]
             for lo, hi in zip(states[:-1], states[1:]):

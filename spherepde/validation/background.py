@@ -152,30 +152,17 @@ def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY
     return cfg, open_run(path)
 
 
-def measure(nside, times, out, say=print, tails=False, label=None, save_every=SAVE_EVERY):
+def measure(nside, times, out, say=print, tails=False, label=None, save_every=SAVE_EVERY, tag=""):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
     log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails (False, True or a list of
     overrides, as ensure_run's): of the run with the
     tails from log f (then every row starts with `label`, the state's name, and ends with the
     90th percentile of |log₁₀(f_mesh / f_char)| over the background cells, farther than AWAY
-    from every atom, whose f_char is below 10⁻⁴)."""
+    from every atom, whose f_char is below 10⁻⁴); tag: the run file's name after
+    "background_run_" (RUN_FILE_TAGS)."""
     from ..geometry.mesh import HealpixMesh
     from ..runner.build import build_initial_law, build_model
 
-    # the files of the runs with g interpolated at every coupling keep the name they had before the anchors
-    overrides = [] if tails in (True, False) else list(tails)
-    tag = ("" if tails is False else "tails_defaults_" if overrides in ([], [CELLS_ONLY])
-           else "tails_defaults_selective_" if overrides == list(SELECTIVE) else "tails_" if "eulerian.tail_anchor=0.0" in overrides
-           else "tails_maps_" if MAPS in overrides else "tails_selective_" if SELECTIVE[0] in overrides
-           else "tails_retraced_step0.025_" if "eulerian.tail_path_step=0.025" in overrides
-           else "tails_retraced_step0.05_" if "eulerian.tail_path_step=0.05" in overrides
-           else "tails_retraced_events1_" if EVENTS in overrides and RETRACED[1] in overrides and SUBSTEPS not in overrides
-           else "tails_retraced_events_" if EVENTS in overrides and RETRACED[1] in overrides
-           else "tails_clusters_events_" if EVENTS in overrides and CLUSTERS[0] in overrides
-           else "tails_defaults_events_" if EVENTS in overrides
-           else "tails_retraced_substeps_" if SUBSTEPS in overrides
-           else "tails_retraced_" if RETRACED[1] in overrides
-           else "tails_clusters_" if CLUSTERS[0] in overrides else "tails_anchored_")
     name = f"background_run_{tag}nside{nside}{_saves_tag(save_every)}.nc"
     cfg, ds = ensure_run(out / name, nside, max(times), say, tails, save_every)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
@@ -324,7 +311,6 @@ class SavedParticleField:
 # every 0.2, level relative to the mesh, anchors every 1.0, composed maps); couplings every 0.05 with
 # the level relative to the clusters' peaks; and the same with g's paths retraced to anchors 5.0
 # apart, so that g is interpolated once by t = 8 (docs/numerics.md#the-self-consistency-at-β--30-interpolations-of-g-across-the-fronts)
-MAPS = 'eulerian.tail_paths="maps"'  # the composed maps between anchors (docs/numerics.md)
 # the tail level relative to the clusters' peaks, couplings every 0.05 (docs/numerics.md#a-tail-level-relative-to-the-clusters-peaks-and-the-coupling-interval)
 CLUSTERS = ('eulerian.tail_reference="clusters"', "eulerian.tail_interval=0.05")
 RETRACED = ('eulerian.tail_paths="retrace"', "eulerian.tail_anchor=5.0")
@@ -361,6 +347,11 @@ TAIL_STATES = {"finite volumes + atoms": False,
                                                             UNBOUNDED],
                "the retraced paths in RK4 steps of 0.05 (one per coupling interval)":
                    [*CLUSTERS, *RETRACED, "eulerian.tail_path_step=0.05", UNBOUNDED]}
+# each state's run file, background_run_<tag>nside<N>[_saves<S>].nc: the names the runs were first written under
+RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_", "tails_retraced_", "tails_defaults_",
+                                       "tails_defaults_selective_", "tails_retraced_substeps_", "tails_retraced_events_",
+                                       "tails_defaults_events_", "tails_clusters_events_", "tails_retraced_events1_",
+                                       "tails_retraced_step0.025_", "tails_retraced_step0.05_")))
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
@@ -375,7 +366,8 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
     for nside in nsides:
         for k, (label, tails) in enumerate(TAIL_STATES.items()):
             if states is None or k in states:
-                rows += measure(nside, times, out, say, tails=tails, label=label, save_every=save_every)[0]
+                rows += measure(nside, times, out, say, tails=tails, label=label, save_every=save_every,
+                                tag=RUN_FILE_TAGS[label])[0]
     head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in BANDS)
     lines = [
         "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",

@@ -95,13 +95,17 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
 def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
     command line and last column say the save intervals compared (no state run: states=[])."""
-    from spherepde.validation.background import (CELLS_ONLY, EVENTS, RETRACED, SELECTIVE, SUBSTEPS, TAIL_STATES,
-                                                 UNBOUNDED, tails_report)
+    from spherepde.validation.background import (CELLS_ONLY, EVENTS, RETRACED, RUN_FILE_TAGS, SELECTIVE, SUBSTEPS,
+                                                 TAIL_STATES, UNBOUNDED, tails_report)
 
     tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
     assert "--save-every 0.025" in text and "f_char, saves 0.05 against 0.025, p90" in text
     assert not (tmp_path / "background_tails.md").exists()
+    # one run file per state, under the names the runs were written with (the finite volumes' has no tag)
+    assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
+    assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
+                                                                         "tails_retraced_"]
     assert len(TAIL_STATES) == 13 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states first run before the bound became the default keep their unbounded following
     assert all(UNBOUNDED in overrides for overrides in list(TAIL_STATES.values())[1:4])
