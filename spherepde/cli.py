@@ -21,6 +21,7 @@ Every failure ends with one line on stderr and an exit status:
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -116,7 +117,8 @@ def _check_output_dir(path, option="--out"):
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".spherepde-write-test"
+        # a name of this process's own: runs started in the same folder at once do not race on it
+        probe = out / f".spherepde-write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:

@@ -153,3 +153,22 @@ def test_help_says_what_the_program_is_without_loading_the_numerics():
     assert spherepde.HealpixMesh.__name__ == "HealpixMesh" and "EulerianSolver" in dir(spherepde)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         spherepde.nope  # noqa: B018
+
+
+def _probe_many(folder, times):
+    from spherepde.cli import _check_output_dir
+
+    for _ in range(times):
+        _check_output_dir(folder)
+
+
+def test_runs_started_in_one_folder_at_once_do_not_race_on_the_write_probe(tmp_path):
+    """Two processes checking the same output folder at the same moment (two runs of a batch
+    script started together): each probes with a file of its own, so neither finds the folder
+    'not writable' because the other removed its probe."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        pool.starmap(_probe_many, [(str(tmp_path), 3000)] * 2)
+    assert not list(tmp_path.iterdir())
