@@ -79,7 +79,12 @@ A config has the sections
                    the states after every step, k times the path steps), tail_step_states
                    (which coupling intervals cross the states after every step: "all"
                    (default; with tail_substeps > 1) or "atom_events", those in which an atom
-                   was made or merged, tail_substeps RK4 steps between each two states), tail_reference (what
+                   was made or merged, tail_substeps RK4 steps between each two states),
+                   tail_field_between (the field of g's paths between two couplings' states where
+                   no step's state is kept: "linear" (default), the two fields linear in time;
+                   "measure", the field of the measure the solver holds then, the followed tail
+                   cells exponential in time, the rest linear: one attention sum instead of two),
+                   tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
                    largest of it and the peak density of every atom's cluster, carried by
                    Liouville along the atom's path; docs/numerics.md), near_field_profile (the density inside a
@@ -131,7 +136,7 @@ from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
 from ..solvers.tails import (TAIL_ANCHOR, TAIL_EXCLUSION_WIDTH, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATH_STEP, TAIL_PATHS,
-                             TAIL_RETRACE_TOLERANCE, TAIL_STEP_STATES)
+                             TAIL_RETRACE_TOLERANCE, TAIL_STEP_STATES, TAIL_FIELD_BETWEEN)
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -161,7 +166,7 @@ DEFAULTS = {
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_step_states": "all",
+                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_step_states": "all", "tail_field_between": "linear",
                  "tail_reference": "mesh",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},
@@ -744,6 +749,9 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] tail_substeps: must be an integer from 1 to 16, got {substeps!r}")
     if eul["tail_step_states"] not in TAIL_STEP_STATES:
         raise ConfigError(f'[eulerian] tail_step_states: must be "all" or "atom_events", got {eul["tail_step_states"]!r}')
+    if eul["tail_field_between"] not in TAIL_FIELD_BETWEEN:
+        raise ConfigError(f'[eulerian] tail_field_between: must be "linear" or "measure", '
+                          f'got {eul["tail_field_between"]!r}')
     if eul["near_field_profile"] is None:  # the tails' slopes are accurate; the finite volumes' are not
         eul["near_field_profile"] = "log_linear" if eul["tails"] == "log" else "constant"
     if eul["near_field_profile"] not in NEAR_FIELD_PROFILES:
@@ -999,6 +1007,7 @@ ADDED_KEYS[("eulerian", "tail_follow_bounds")] = "none"  # the followed tail cel
 ADDED_KEYS[("eulerian", "tail_path_scheme")] = "rk4"  # g's paths were RK4 steps
 ADDED_KEYS[("eulerian", "tail_exclusion_width")] = 0.0  # the neighbourhoods were in cells only
 ADDED_KEYS[("eulerian", "tail_step_states")] = "all"  # the substeps crossed every coupling interval
+ADDED_KEYS[("eulerian", "tail_field_between")] = "linear"  # the couplings' fields linear in time between them
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -1009,7 +1018,7 @@ ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_exclusion_width", "tail_follow", "tail_anchor", "tail_path_step",
              "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
-             "tail_path_scheme", "tail_step_states")
+             "tail_path_scheme", "tail_step_states", "tail_field_between")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles
 

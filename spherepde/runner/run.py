@@ -173,7 +173,8 @@ def _tail_options(eul):
             "follow": eul["tail_follow"], "anchor": eul["tail_anchor"], "path_step": eul["tail_path_step"],
             "paths": eul["tail_paths"], "substeps": eul["tail_substeps"], "reference": eul["tail_reference"],
             "retrace_tolerance": eul["tail_retrace_tolerance"], "follow_bounds": eul["tail_follow_bounds"],
-            "path_scheme": eul["tail_path_scheme"], "step_states": eul["tail_step_states"]}
+            "path_scheme": eul["tail_path_scheme"], "step_states": eul["tail_step_states"],
+            "between": eul["tail_field_between"]}
 
 
 def run_times(config) -> list[float]:
@@ -349,7 +350,8 @@ class RunSetup:
                                "tail_retrace_tolerance": eul["tail_retrace_tolerance"],
                                "tail_follow_bounds": eul["tail_follow_bounds"],
                                "tail_path_scheme": eul["tail_path_scheme"],
-                               "tail_step_states": eul["tail_step_states"]})
+                               "tail_step_states": eul["tail_step_states"],
+                               "tail_field_between": eul["tail_field_between"]})
             if eul["tail_reference"] == "clusters":
                 self.arrays.update(TAIL_PEAK_ARRAYS)
 

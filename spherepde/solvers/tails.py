@@ -68,7 +68,7 @@ from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, ad
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
-           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES"]
+           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES", "TAIL_FIELD_BETWEEN"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -113,6 +113,13 @@ TAIL_PATH_SCHEMES = PATH_SCHEMES
 # meet the self-consistency at t = 7–8 that "all" meets (docs/numerics.md, "Step states at atom
 # events only")
 TAIL_STEP_STATES = ("all", "atom_events")
+# the field g's paths see between the states of two couplings (where no step's state is recorded):
+# "linear", the two states' fields linear in time (2 attention sums per evaluation), or "measure",
+# the field of the measure the solver holds then: the followed tail cells exponential in time,
+# f(t₀)e^{(s − t₀)r} within their bounds, as the solver moves them after every step, the other cells
+# and the atoms' masses linear, the atoms on the chord between their positions (one sum; the
+# field of an interpolated measure, not an interpolated field: v is a ratio of two sums)
+TAIL_FIELD_BETWEEN = ("linear", "measure")
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -193,7 +200,7 @@ class LogTails:
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
                  follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0,
-                 step_states: str = "all"):
+                 step_states: str = "all", between: str = "linear"):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
@@ -231,6 +238,11 @@ class LogTails:
         if step_states not in TAIL_STEP_STATES:
             raise ValueError(f"step_states must be one of {TAIL_STEP_STATES}, got {step_states!r}")
         self.step_states = step_states
+        if between not in TAIL_FIELD_BETWEEN:
+            raise ValueError(f"between must be one of {TAIL_FIELD_BETWEEN}, got {between!r}")
+        self.between = between
+        self._measure = None  # ("measure") (t, f, atom points, atom masses) of the last coupling's state
+        self._paths_between = {}  # ("measure") (t₀, t₁) → s ↦ the field of the measure at s, since the anchor
         self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1 or at atom events
         self._atoms_changed = False  # an atom made or merged since the last coupling (forget_anchor)
         # ("atom_events") the coupling intervals since the anchor whose states after every step g's
@@ -272,6 +284,10 @@ class LogTails:
         slopes) and the cell's mass: the cell-centre sums would get div v wrong by 12–25 % there
         (β = 1000, nside 16; docs/numerics.md#near-field-in-the-tails-near_field_profile)."""
         x, m = atoms.points() if atoms is not None else (None, None)
+        return self._field_of_points(f, x, m)
+
+    def _field_of_points(self, f, x, m):
+        """field_of for cell densities f and atoms at x (n, 3) with masses m (None: no atoms)."""
         if self.subcells > 1:
             k2 = self.subcells**2
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -299,6 +315,7 @@ class LogTails:
         self.g, self.t = g, float(t)
         self._previous = self.field_of(f, atoms)
         self._states, self._fine, self._atoms_changed = [], [], False
+        self._measure, self._paths_between = self._measure_of(t, f, atoms), {}
         # paths "start": g is interpolated at t only; every coupling follows its paths back to t
         # through the states of all couplings since (kept here)
         self._origin = (float(t), g.copy(), [(float(t), self._previous)])
@@ -325,23 +342,30 @@ class LogTails:
         if not dt > 0:
             raise ValueError(f"coupling times must increase: {t0!r} then {t!r}")
         now = self.field_of(f, atoms)
+        atoms_changed = self._atoms_changed
         if self.step_states == "atom_events":
             if self._atoms_changed:  # this interval's paths go through its states after every step
                 self._fine.append((float(t0), float(t), [s for s, _ in self._states]))
             else:  # the field linear between the couplings' states, as without substeps
                 self._states = []
         self._atoms_changed = False
+        if self.between == "measure" and not self._states and not atoms_changed:  # no step's state in between
+            self._paths_between[(float(t0), float(t))] = self._measure_path(t, f, atoms)
         # the states since the last anchor: at every coupling (the anchor's first), those recorded
         # since t0 (substeps > 1: one per step), then this one
         origin_t, origin_g, history = self._origin
         times = [s for s, _ in history] + [s for s, _ in self._states] + [float(t)]
         fields = [fn for _, fn in history] + [fn for _, fn in self._states] + [now]
+        between = self._paths_between
 
-        def field(s, x):  # the field linear in time between the recorded states around s
+        def field(s, x):  # the field between the recorded states around s: of the measure, else linear
             k = min(max(bisect.bisect_right(times, s) - 1, 0), len(times) - 2)
             theta = min(max((s - times[k]) / (times[k + 1] - times[k]), 0.0), 1.0)
             if theta == 0.0 or theta == 1.0:  # a recorded time: one state's sums only
                 return fields[k + 1 if theta else k](x)
+            path = between.get((times[k], times[k + 1]))
+            if path is not None:
+                return path(s)(x)
             (va, da), (vb, db) = fields[k](x), fields[k + 1](x)
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
@@ -388,12 +412,15 @@ class LogTails:
         g[bulk] = np.log(f[bulk])
         self._previous = self.field_of(f, atoms) if changed else now
         self._mesh_top = float(f.max())
+        self._measure = self._measure_of(t, f, atoms)
         if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
             self._origin = (float(t), g.copy(), [(float(t), self._previous)])
             self._map = None
             self._fine = []
+            self._paths_between = {}
         elif self.maps and not self.selective:  # the paths of the next coupling start here
             self._origin = (self._origin[0], self._origin[1], [(float(t), self._previous)])
+            self._paths_between = {}
         else:
             self._origin[2].extend(self._states_kept + [(float(t), self._previous)])
         self.last = {"tail_cells": int(tail.sum()), "tail_mass_moved": moved, "tail_drift": drift,
@@ -401,6 +428,41 @@ class LogTails:
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
         return changed
+
+    def _measure_of(self, t, f, atoms):
+        """("measure") the state at a coupling t, for the field between it and the next (_measure_path)."""
+        if self.between != "measure":
+            return None
+        x, m = atoms.points() if atoms is not None else (None, None)
+        return float(t), np.array(f, dtype=float), None if x is None else x.copy(), None if m is None else m.copy()
+
+    def _measure_path(self, t1, f1, atoms):
+        """s ↦ the field of the measure the solver holds at s in (t₀, t₁) (TAIL_FIELD_BETWEEN
+        "measure"), from the states of the couplings t₀ (self._measure, after its substitution) and
+        t₁ (f1, atoms, before it): the tail cells followed since t₀ take f(t₀)e^{(s − t₀)r} within
+        their bounds, exactly as LogTails._follow gave them after every step, so at both ends the
+        measure is the state; the other cells and the atoms' masses are linear in s, the atoms on
+        the chord between their positions, normalised (no atom was made or merged in between: the
+        caller checks, and the living atoms keep their slot order). None where the atoms differ."""
+        t0, f0, x0, m0 = self._measure
+        x1, m1 = atoms.points() if atoms is not None else (None, None)
+        if (x0 is None) != (x1 is None) or (x0 is not None and len(x0) != len(x1)):
+            return None
+        f1, x1, m1 = np.array(f1, dtype=float), None if x1 is None else x1.copy(), None if m1 is None else m1.copy()
+        followed = self._anchor if self._anchor is not None and self._anchor[0] == t0 else None
+        span = float(t1) - t0
+
+        def field_at(s):
+            theta = (s - t0) / span
+            fs = (1.0 - theta) * f0 + theta * f1
+            if followed is not None:
+                _, cells, values, rate, low, high = followed
+                fs[cells] = np.clip(values * np.exp((s - t0) * rate), low, high)
+            if x0 is None or not len(x0):
+                return self._field_of_points(fs, None, None)
+            return self._field_of_points(fs, unit_rows((1.0 - theta) * x0 + theta * x1), (1.0 - theta) * m0 + theta * m1)
+
+        return field_at
 
     def _composed(self, origin_g, field, t0, dt):
         """g at the centroids at t0 + dt by the composed paths ("maps"): the paths of this interval

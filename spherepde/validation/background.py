@@ -328,6 +328,9 @@ SUBSTEPS = "eulerian.tail_substeps=4"
 # the same, only in the coupling intervals where an atom was made or merged (the field linear between
 # the couplings' states elsewhere)
 EVENTS = 'eulerian.tail_step_states="atom_events"'
+# g's paths between the couplings' states through the field of the measure the solver holds then
+# (the followed tails exponential in time) instead of the two fields linear in time
+MEASURE = 'eulerian.tail_field_between="measure"'
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
@@ -346,12 +349,18 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "the retraced paths in RK4 steps of 0.025": [*CLUSTERS, *RETRACED, "eulerian.tail_path_step=0.025",
                                                             UNBOUNDED],
                "the retraced paths in RK4 steps of 0.05 (one per coupling interval)":
-                   [*CLUSTERS, *RETRACED, "eulerian.tail_path_step=0.05", UNBOUNDED]}
+                   [*CLUSTERS, *RETRACED, "eulerian.tail_path_step=0.05", UNBOUNDED],
+               "the retraced paths through the field of the measure between couplings": [*CLUSTERS, *RETRACED, MEASURE,
+                                                                                        UNBOUNDED],
+               "the defaults, through the field of the measure between couplings": [CELLS_ONLY, MEASURE],
+               "couplings every 0.05 at the clusters' peaks, through the field of the measure between couplings":
+                   [*CLUSTERS, MEASURE, UNBOUNDED]}
 # each state's run file, background_run_<tag>nside<N>[_saves<S>].nc: the names the runs were first written under
 RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_", "tails_retraced_", "tails_defaults_",
                                        "tails_defaults_selective_", "tails_retraced_substeps_", "tails_retraced_events_",
                                        "tails_defaults_events_", "tails_clusters_events_", "tails_retraced_events1_",
-                                       "tails_retraced_step0.025_", "tails_retraced_step0.05_")))
+                                       "tails_retraced_step0.025_", "tails_retraced_step0.05_",
+                                       "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_")))
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):

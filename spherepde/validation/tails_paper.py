@@ -44,8 +44,8 @@ def settings_label(eul):
     made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`,
     `tail_retrace_tolerance`), and, where they differ from the couplings every 0.2 at the mesh's
     level followed unbounded that the first runs had, `tail_interval`, `tail_reference`,
-    `tail_follow_bounds`, `tail_exclusion_width`, `tail_path_scheme` and `tail_substeps`
-    (`tail_step_states`). Keys a file lacks take the value such a file implies
+    `tail_follow_bounds`, `tail_exclusion_width`, `tail_path_scheme`, `tail_substeps`
+    (`tail_step_states`) and `tail_field_between`. Keys a file lacks take the value such a file implies
     (spherepde.runner.config.ADDED_KEYS)."""
     atoms = f"{eul.get('atom_shape', 'point')} atoms, {eul.get('atom_cut', 'floor')} cut"
     anchor = float(eul.get("tail_anchor", 0.0))
@@ -70,6 +70,8 @@ def settings_label(eul):
     if int(eul.get("tail_substeps", 1)) > 1:
         where = "at atom events" if eul.get("tail_step_states", "all") == "atom_events" else "everywhere"
         label += f", paths through every step's state {where} ({int(eul['tail_substeps'])} substeps)"
+    if eul.get("tail_field_between", "linear") == "measure":
+        label += ", the field of the measure between couplings"
     return label
 
 

@@ -776,3 +776,61 @@ def test_subcells_are_capped():
     from spherepde.solvers.tails import MAX_SUBCELLS, subcells_for
 
     assert subcells_for(HealpixMesh(8), AttentionModel(PAPER_B, PAPER_V, 1e9)) == MAX_SUBCELLS
+
+
+def test_the_field_between_couplings_is_that_of_the_measure_the_solver_holds():
+    """tail_field_between = "measure": between two couplings g's paths see the field of the measure
+    the solver holds at s: the followed tail cells as follow_tail gives them at s (exponential in
+    time within their bounds), the other cells linear between the couplings' states. It is the
+    states' fields at both ends, one attention sum inside (the linear field takes two), and none
+    is kept for an interval in which an atom was made or merged."""
+    import spherepde.solvers.tails as tails_module
+
+    mesh = HealpixMesh(4)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    rng = np.random.default_rng(5)
+    f0 = 10.0 ** rng.uniform(-12, -6, mesh.npix)
+    f0[:16] = 1.0 / mesh.area / 16  # the bulk
+    tails = LogTails(mesh, model, between="measure", follow_bounds="neighbours")
+    tails.start(0.0, np.log(f0), f0.copy(), None)
+    tails.rate = rng.uniform(-40.0, 40.0, mesh.npix)  # some cells meet their bounds within the interval
+    tails._anchor_at(0.0, f0, None)
+    cells = tails._anchor[1]
+    assert 0 < cells.size < mesh.npix
+    f1 = f0.copy()
+    tails._follow(0.2, f1, None)  # the followed cells at the coupling, as the solver left them
+    bulk = np.ones(mesh.npix, dtype=bool)
+    bulk[cells] = False
+    f1[bulk] *= 1.0 + 0.5 * mesh.centroids[bulk, 2]  # the finite volumes moved the rest
+    path = tails._measure_path(0.2, f1, None)
+    x = hp.pix2vec(8, np.arange(0, 768, 7), nest=True)
+    x = np.ascontiguousarray(np.stack(x, axis=1))
+    for s, f_end in ((0.0, f0), (0.2, f1)):
+        for got, want in zip(path(s)(x), tails.field_of(f_end, None)(x)):
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-14)
+    s = 0.07
+    held = f0.copy()
+    tails._follow(s, held, None)  # the solver's followed cells at s
+    held[bulk] = (1 - s / 0.2) * f0[bulk] + s / 0.2 * f1[bulk]
+    for got, want in zip(path(s)(x), tails.field_of(held, None)(x)):
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-14)
+    sums = []
+    real = tails_module.attention_field
+    try:
+        tails_module.attention_field = lambda *a, **k: sums.append(1) or real(*a, **k)
+        tails.couple(0.2, f1.copy(), None)
+        assert list(tails._paths_between) == [(0.0, 0.2)]
+        del sums[:]
+        field = tails._paths_between[(0.0, 0.2)]
+        field(0.1)(x)
+        assert len(sums) == 1
+        tails.forget_anchor()  # an atom made in the next interval: its field is linear in time
+        tails.couple(0.4, f1.copy(), None)
+        assert (0.2, 0.4) not in tails._paths_between
+    finally:
+        tails_module.attention_field = real
+    with pytest.raises(ValueError, match="between"):
+        LogTails(mesh, model, between="exponential")
+    with pytest.raises(ConfigError, match="tail_field_between"):
+        resolve({"model": {"beta": 30.0, "B": "identity", "V": "identity"},
+                 "eulerian": {"tails": "log", "tail_field_between": "cubic"}, "time": {"t_end": 1.0, "save_every": 0.5}})

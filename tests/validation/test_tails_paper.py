@@ -81,3 +81,6 @@ def test_settings_label_separates_how_atoms_and_paths_were_made():
     assert tails_paper.settings_label({**bounded, "tail_exclusion_width": 1.0}).endswith(
         "followed within the neighbours, finite volumes within 1 kernel width of the atoms")
     assert tails_paper.settings_label({**bounded, "tail_path_scheme": "heun"}).endswith(", paths by heun")
+    assert tails_paper.settings_label({**bounded, "tail_field_between": "measure"}).endswith(
+        ", the field of the measure between couplings")
+    assert tails_paper.settings_label({**bounded, "tail_field_between": "linear"}) == tails_paper.settings_label(bounded)
