@@ -20,7 +20,9 @@ coupling_schedule):
    most `path_step` = 0.1 through the field of the states at every coupling since, linear in time
    between them (the attention sums of f dA + atoms); with `substeps` > 1, through the states
    after every step (step_states "atom_events", any substeps: in the intervals where an atom was
-   made or merged only, `substeps` RK4 steps between each two of them); with paths "maps"
+   made or merged only, `substeps` RK4 steps between each two of them); with between "measure",
+   through the field of the measure the solver holds between two couplings' states (the followed
+   tails exponential in time, the rest linear: _measure_path) instead; with paths "maps"
    (`[eulerian] tail_paths`) only back to the last coupling, composed there with that coupling's departure points at the anchor and divergence integral
    (interpolated: smooth maps), so each coupling traces one interval instead of the whole span;
    with paths "selective" the maps, retraced to the anchor at the centroids whose map's error
