@@ -447,10 +447,9 @@ class LogTails:
         the chord between their positions, normalised (no atom was made or merged in between: the
         caller checks, and the living atoms keep their slot order). None where the atoms differ."""
         t0, f0, x0, m0 = self._measure
-        x1, m1 = atoms.points() if atoms is not None else (None, None)
+        _, f1, x1, m1 = self._measure_of(t1, f1, atoms)
         if (x0 is None) != (x1 is None) or (x0 is not None and len(x0) != len(x1)):
             return None
-        f1, x1, m1 = np.array(f1, dtype=float), None if x1 is None else x1.copy(), None if m1 is None else m1.copy()
         followed = self._anchor if self._anchor is not None and self._anchor[0] == t0 else None
         span = float(t1) - t0
 
