@@ -81,9 +81,10 @@ A config has the sections
                    (default; with tail_substeps > 1) or "atom_events", those in which an atom
                    was made or merged, tail_substeps RK4 steps between each two states),
                    tail_field_between (the field of g's paths between two couplings' states where
-                   no step's state is kept: "linear" (default), the two fields linear in time;
-                   "measure", the field of the measure the solver holds then, the followed tail
-                   cells exponential in time, the rest linear: one attention sum instead of two),
+                   no step's state is kept: "measure" (default), the field of the measure the
+                   solver holds then, the followed tail cells exponential in time, the rest
+                   linear: one attention sum instead of two; "linear", the two fields linear in
+                   time, as runs before 2026-12-07),
                    tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
                    largest of it and the peak density of every atom's cluster, carried by
@@ -166,7 +167,7 @@ DEFAULTS = {
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
                  "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_step_states": "all", "tail_field_between": "linear",
+                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_step_states": "all", "tail_field_between": "measure",
                  "tail_reference": "mesh",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},

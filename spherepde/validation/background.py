@@ -355,6 +355,11 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "the defaults, through the field of the measure between couplings": [CELLS_ONLY, MEASURE],
                "couplings every 0.05 at the clusters' peaks, through the field of the measure between couplings":
                    [*CLUSTERS, MEASURE, UNBOUNDED]}
+# the states made before the field of the measure became the default keep the fields linear between
+# couplings, as they were run (states 13–15 name the measure)
+LINEAR = 'eulerian.tail_field_between="linear"'
+TAIL_STATES = {label: tails if tails is False or MEASURE in tails else [*tails, LINEAR]
+               for label, tails in TAIL_STATES.items()}
 # each state's run file, background_run_<tag>nside<N>[_saves<S>].nc: the names the runs were first written under
 RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_", "tails_retraced_", "tails_defaults_",
                                        "tails_defaults_selective_", "tails_retraced_substeps_", "tails_retraced_events_",

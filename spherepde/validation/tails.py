@@ -660,8 +660,9 @@ def hybrid_series_of_run(path, partial=False):
 def run_file_variant(eul):
     """The HYBRID_VARIANTS name of a run file's [eulerian] settings (import_runs), None where no
     variant holds them."""
-    if float(eul.get("tail_exclusion_width", 0.0)) > 0.0 or eul.get("tail_path_scheme", "rk4") != "rk4":
-        return None  # no variant holds a neighbourhood in kernel widths or other paths than RK4's
+    if (float(eul.get("tail_exclusion_width", 0.0)) > 0.0 or eul.get("tail_path_scheme", "rk4") != "rk4"
+            or eul.get("tail_field_between", "linear") != "linear"):
+        return None  # no variant holds a neighbourhood in kernel widths, other paths than RK4's or the measure's field
     paths = eul.get("tail_paths", "retrace")
     variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
                RUN_FILE_MAPS if paths in ("maps", "selective") else RUN_FILE_ANCHORED)

@@ -95,8 +95,8 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
 def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
     command line and last column say the save intervals compared (no state run: states=[])."""
-    from spherepde.validation.background import (CELLS_ONLY, EVENTS, MEASURE, RETRACED, RUN_FILE_TAGS, SELECTIVE,
-                                                 SUBSTEPS, TAIL_STATES, UNBOUNDED, tails_report)
+    from spherepde.validation.background import (CELLS_ONLY, EVENTS, LINEAR, MEASURE, RETRACED, RUN_FILE_TAGS,
+                                                 SELECTIVE, SUBSTEPS, TAIL_STATES, UNBOUNDED, tails_report)
 
     tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
@@ -107,27 +107,30 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
                                                                          "tails_retraced_"]
     assert len(TAIL_STATES) == 16 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    # the states made before the field of the measure became the default keep the fields linear, as run
+    assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:] if MEASURE not in o)
+    assert not any(LINEAR in o for o in list(TAIL_STATES.values())[1:] if MEASURE in o)
+    states = [o if o is False else [x for x in o if x != LINEAR] for o in TAIL_STATES.values()]
     # the states first run before the bound became the default keep their unbounded following
-    assert all(UNBOUNDED in overrides for overrides in list(TAIL_STATES.values())[1:4])
+    assert all(UNBOUNDED in overrides for overrides in states[1:4])
     # the defaults' state as it was run: 3 cells kept around an atom, before one kernel width became the default
-    assert list(TAIL_STATES.values())[4] == [CELLS_ONLY]
-    assert list(TAIL_STATES.values())[5] == list(SELECTIVE)  # the defaults (one kernel width) with selective paths
+    assert states[4] == [CELLS_ONLY]
+    assert states[5] == list(SELECTIVE)  # the defaults (one kernel width) with selective paths
     # the retraced paths of state 3 through the states after every step, in a run file of their own
-    substeps = list(TAIL_STATES.values())[6]
+    substeps = states[6]
     assert SUBSTEPS in substeps and set(RETRACED) <= set(substeps) and UNBOUNDED in substeps
     # the same and the defaults through every step's state only where atoms changed
-    assert list(TAIL_STATES.values())[7] == [*substeps[:-1], EVENTS, UNBOUNDED]
-    assert list(TAIL_STATES.values())[8] == [SUBSTEPS, EVENTS]
-    assert list(TAIL_STATES.values())[9] == [*substeps[:2], SUBSTEPS, EVENTS]  # the clusters' peaks, maps
+    assert states[7] == [*substeps[:-1], EVENTS, UNBOUNDED]
+    assert states[8] == [SUBSTEPS, EVENTS]
+    assert states[9] == [*substeps[:2], SUBSTEPS, EVENTS]  # the clusters' peaks, maps
     # the retraced paths at atom events, one RK4 step between each two states
-    assert list(TAIL_STATES.values())[10] == [*substeps[:4], EVENTS, UNBOUNDED]
+    assert states[10] == [*substeps[:4], EVENTS, UNBOUNDED]
     # the retraced paths of state 3 in shorter RK4 steps, without the step states
-    assert [overrides[4] for overrides in list(TAIL_STATES.values())[11:13]] == [
+    assert [overrides[4] for overrides in states[11:13]] == [
         "eulerian.tail_path_step=0.025", "eulerian.tail_path_step=0.05"]
     assert all(overrides[:4] + overrides[5:] == substeps[:4] + [UNBOUNDED]
-               for overrides in list(TAIL_STATES.values())[11:13])
+               for overrides in states[11:13])
     # states 3, 4 and 2 through the field of the measure between couplings, nothing else changed
-    states = list(TAIL_STATES.values())
     assert states[13] == [*states[3][:4], MEASURE, UNBOUNDED]
     assert states[14] == [*states[4], MEASURE]
     assert sorted(states[15]) == sorted([*states[2], MEASURE])

@@ -42,7 +42,7 @@ def test_report_groups_complete_tails_runs_and_keeps_the_longer(tmp_path):
     runs = tails_paper.collect_runs([folder])
     # the defaults with tails = "log"
     label = ("sigma atoms, tail cut, anchors every 1 with composed maps, followed within the neighbours, "
-             "finite volumes within 1 kernel width of the atoms")
+             "finite volumes within 1 kernel width of the atoms, the field of the measure between couplings")
     assert sorted(runs) == [(30.0, "vmf", label, 4), (30.0, "vmf", label, 8)]
     assert runs[(30.0, "vmf", label, 4)]["t_end"] == 1.5
     with open_run(folder / "a-0001.nc") as ds:
