@@ -40,11 +40,19 @@ from .common import REPO
 # hold, in f_char, mass that the mesh has already handed to the atoms.
 AWAY = 0.25
 SAVE_EVERY = 0.05  # the runs' snapshot interval: the reference's time step (f_char's field is linear between snapshots)
+# f_char's RK4 step: 0.007 decades from its limit at t = 8 in the defaults' run, 0.06 where atoms are
+# made and merged at t ≈ 7 (docs/numerics.md, "What is left at t = 8 with the field of the measure")
+REFERENCE_STEP = 0.025
 
 
 def _saves_tag(save_every):
     """The suffix of the run and report files of runs saved other than every SAVE_EVERY."""
     return "" if save_every == SAVE_EVERY else f"_saves{save_every:g}"
+
+
+def _step_tag(reference_step):
+    """The suffix of the report files whose f_char takes RK4 steps other than REFERENCE_STEP."""
+    return "" if reference_step == REFERENCE_STEP else f"_step{reference_step:g}"
 
 
 class SavedField:
@@ -152,14 +160,15 @@ def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY
     return cfg, open_run(path)
 
 
-def measure(nside, times, out, say=print, tails=False, label=None, save_every=SAVE_EVERY, tag=""):
+def measure(nside, times, out, say=print, tails=False, label=None, save_every=SAVE_EVERY, tag="",
+            reference_step=REFERENCE_STEP):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
     log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails (False, True or a list of
     overrides, as ensure_run's): of the run with the
     tails from log f (then every row starts with `label`, the state's name, and ends with the
     90th percentile of |log₁₀(f_mesh / f_char)| over the background cells, farther than AWAY
     from every atom, whose f_char is below 10⁻⁴); tag: the run file's name after
-    "background_run_" (RUN_FILE_TAGS)."""
+    "background_run_" (RUN_FILE_TAGS); reference_step: f_char's RK4 step."""
     from ..geometry.mesh import HealpixMesh
     from ..runner.build import build_initial_law, build_model
 
@@ -172,7 +181,7 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
     for t in times:
         k = int(np.argmin(np.abs(ds.time.values - t)))
         f_mesh = ds.density.values[k]
-        f_char = characteristic_density(field, law, mesh.centroids, float(ds.time[k]))
+        f_char = characteristic_density(field, law, mesh.centroids, float(ds.time[k]), reference_step)
         ratio = np.log10(f_mesh / f_char)
         level = np.log10(f_char)
         cells = []
@@ -200,7 +209,8 @@ def measure(nside, times, out, say=print, tails=False, label=None, save_every=SA
             # the reference's own time error: f_char from every other snapshot (saves twice as far apart)
             coarse = ds.isel(time=slice(0, k + 1, 2))
             if deep.any() and float(coarse.time[-1]) == float(ds.time[k]):
-                f_half = characteristic_density(SavedField(coarse, mesh, model), law, mesh.centroids, float(ds.time[k]))
+                f_half = characteristic_density(SavedField(coarse, mesh, model), law, mesh.centroids, float(ds.time[k]),
+                                                reference_step)
                 row += f" {np.percentile(np.abs(np.log10(f_half[deep]) - level[deep]), 90):.3f} |"
             else:
                 row += " — |"
@@ -368,12 +378,14 @@ RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_",
                                        "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_")))
 
 
-def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY):
+def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY,
+                 reference_step=REFERENCE_STEP):
     """OUT/background_tails.md (default validation/reports/tails/): the same comparison for the
     finite volumes and for `[eulerian] tails = "log"` side by side (issue 37's finite-β
     self-consistency: the target is a 90th percentile of |log₁₀(f_mesh / f_char)| ≤ 0.05). states:
     indices into TAIL_STATES (default all); save_every other than 0.05 writes
-    background_tails_saves<save_every>.md from runs saved that often."""
+    background_tails_saves<save_every>.md from runs saved that often; reference_step (f_char's RK4
+    step) other than 0.025 adds _step<reference_step> to the report's name."""
     out = Path(out) if out else REPO / "validation" / "reports" / "tails"
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -381,13 +393,14 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         for k, (label, tails) in enumerate(TAIL_STATES.items()):
             if states is None or k in states:
                 rows += measure(nside, times, out, say, tails=tails, label=label, save_every=save_every,
-                                tag=RUN_FILE_TAGS[label])[0]
+                                tag=RUN_FILE_TAGS[label], reference_step=reference_step)[0]
     head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in BANDS)
     lines = [
         "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",
         f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}"
         + ("" if not states else f" --states {' '.join(map(str, states))}")
-        + ("" if save_every == SAVE_EVERY else f" --save-every {save_every:g}") + "` "
+        + ("" if save_every == SAVE_EVERY else f" --save-every {save_every:g}")
+        + ("" if reference_step == REFERENCE_STEP else f" --reference-step {reference_step:g}") + "` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
         f"of solvers/atoms_base.toml, β = 30, atoms, snapshots every {save_every:g}) with the finite volumes alone and with "
         "`[eulerian] tails = \"log\"`: couplings every 0.2 (level relative to the mesh's largest f, "
@@ -402,7 +415,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "the later states as their first column names them (`tail_step_states = \"atom_events\"`: through every step's state only "
         "in the coupling intervals where an atom was made or merged; `tail_path_step`: the paths' RK4 step). f_char: the density carried along the backward "
         "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
-        "dt = 0.025). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
+        f"dt = {reference_step:g}). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "
         f"over the background cells (farther than {AWAY} rad from every atom) with f_char < 10⁻⁴, and their "
         "number (a cell average against a point value: about 0.2 decades apart where f falls a decade per cell, "
@@ -412,7 +425,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "halving; later, atoms made or merged within a save interval make it an O(Δt) error, docs/numerics.md).", "",
         f"| state | nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char | background p90 (cells) | g p90 | f_char, saves {2 * save_every:g} against {save_every:g}, p90 |",
         "|---|---|---|---|" + "---|" * len(BANDS) + "---|---|---|---|", *rows, ""]
-    path = out / f"background_tails{_saves_tag(save_every)}.md"
+    path = out / f"background_tails{_saves_tag(save_every)}{_step_tag(reference_step)}.md"
     path.write_text("\n".join(lines))
     say(f"  wrote {path}")
     return path
@@ -508,6 +521,9 @@ def main(argv=None):
                         help="with --tails: these states only (indices into TAIL_STATES, from 0)")
     parser.add_argument("--save-every", type=float, default=SAVE_EVERY,
                         help="with --tails: the runs' snapshot interval (the reference's time step; default 0.05)")
+    parser.add_argument("--reference-step", type=float, default=REFERENCE_STEP,
+                        help="with --tails: f_char's RK4 step (default 0.025; 0.0125 to certify t = 8 where atoms "
+                             "are made and merged late)")
     parser.add_argument("--sampling", metavar="RUNFILE", default=None,
                         help="instead: how the reference of RUNFILE (a --tails run) depends on the snapshots "
                              "its field is sampled from, at the times --t (reference_sampling)")
@@ -515,7 +531,10 @@ def main(argv=None):
     if args.sampling:
         print(sampling_report(args.sampling, tuple(args.t)))
     elif args.tails:
-        tails_report(tuple(args.nside), tuple(args.t), args.out, states=args.states, save_every=args.save_every)
+        if not args.reference_step > 0:
+            parser.error(f"--reference-step must be > 0, got {args.reference_step:g}")
+        tails_report(tuple(args.nside), tuple(args.t), args.out, states=args.states, save_every=args.save_every,
+                     reference_step=args.reference_step)
     else:
         report(tuple(args.nside), tuple(args.t), args.out)
 

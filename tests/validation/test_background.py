@@ -2,6 +2,7 @@
 push-forward density (spherepde.analysis.exact), and the softmax share of the cells is the plain ratio."""
 
 import numpy as np
+import pytest
 
 from spherepde import AttentionModel, HealpixMesh
 from spherepde.analysis.exact import zero_temperature_density
@@ -102,6 +103,15 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
     assert "--save-every 0.025" in text and "f_char, saves 0.05 against 0.025, p90" in text
     assert not (tmp_path / "background_tails.md").exists()
+    assert "RK4, dt = 0.025)" in text and "--reference-step" not in text
+    # f_char in shorter RK4 steps: a report of its own, which says so
+    tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025, reference_step=0.0125)
+    text = (tmp_path / "background_tails_saves0.025_step0.0125.md").read_text()
+    assert "--save-every 0.025 --reference-step 0.0125" in text and "RK4, dt = 0.0125)" in text
+    from spherepde.validation.background import main
+    with pytest.raises(SystemExit) as stop:
+        main(["--tails", "--reference-step", "0", "--out", str(tmp_path)])
+    assert stop.value.code == 2
     # one run file per state, under the names the runs were written with (the finite volumes' has no tag)
     assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
