@@ -109,7 +109,7 @@ def _unit(x):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def characteristic_density(field, law, points, t, dt=0.025):
+def characteristic_density(field, law, points, t, dt=REFERENCE_STEP):
     """f₀(X₀(y)) exp(−∫₀ᵗ div_S v ds) along the backward characteristics from points at time t
     (RK4 with normalised stages, ∫ div by the same weights: _backward)."""
     feet, integral = _backward(field, points, t, dt)
@@ -431,7 +431,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
     return path
 
 
-def _backward(field, points, t, dt=0.025):
+def _backward(field, points, t, dt=REFERENCE_STEP):
     """(X₀(y), ∫₀ᵗ div_S v ds) along the backward characteristics from points at time t."""
     y = np.array(points, dtype=float)
     integral = np.zeros(len(y))
