@@ -68,7 +68,10 @@ A config has the sections
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
-                   path, exceeds tail_retrace_tolerance decades of g, default 0.01, (0, 1]),
+                   path, exceeds tail_retrace_tolerance decades of g, default 0.01, (0, 1];
+                   "backtrack" composes them where the map resolves the path (its quadratic and
+                   cubic interpolants within tail_retrace_tolerance decades of g) and traces the
+                   others on through the coupling interval before, back to the anchor at most),
                    tail_follow_bounds ("neighbours" (default): each followed tail cell stays
                    within the range of f over itself and its 8 neighbours at the last coupling,
                    so a front that has just passed is not extrapolated; "none": g's rate alone,
@@ -84,7 +87,8 @@ A config has the sections
                    no step's state is kept: "measure" (default), the field of the measure the
                    solver holds then, the followed tail cells exponential in time, the rest
                    linear: one attention sum instead of two; "linear", the two fields linear in
-                   time, as runs before 2026-12-07),
+                   time, as runs before 2026-12-07; "steps", the measure the solver held after
+                   its steps (recorded at least 0.0125 apart), linear in time between them),
                    tail_reference (what
                    tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
                    largest of it and the peak density of every atom's cluster, carried by
@@ -735,7 +739,8 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     eul["tail_anchor"] = _number("eulerian", "tail_anchor", eul["tail_anchor"], low=0.0, high=5.0)
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
     if eul["tail_paths"] not in TAIL_PATHS:
-        raise ConfigError(f'[eulerian] tail_paths: must be "retrace", "maps" or "selective", got {eul["tail_paths"]!r}')
+        raise ConfigError(f'[eulerian] tail_paths: must be "retrace", "maps", "selective" or "backtrack", '
+                          f'got {eul["tail_paths"]!r}')
     if eul["tail_path_scheme"] not in TAIL_PATH_SCHEMES:
         raise ConfigError(f'[eulerian] tail_path_scheme: must be "rk4" or "heun", got {eul["tail_path_scheme"]!r}')
     if eul["tail_follow_bounds"] not in TAIL_FOLLOW_BOUNDS:
@@ -751,7 +756,7 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     if eul["tail_step_states"] not in TAIL_STEP_STATES:
         raise ConfigError(f'[eulerian] tail_step_states: must be "all" or "atom_events", got {eul["tail_step_states"]!r}')
     if eul["tail_field_between"] not in TAIL_FIELD_BETWEEN:
-        raise ConfigError(f'[eulerian] tail_field_between: must be "linear" or "measure", '
+        raise ConfigError(f'[eulerian] tail_field_between: must be "linear", "measure" or "steps", '
                           f'got {eul["tail_field_between"]!r}')
     if eul["near_field_profile"] is None:  # the tails' slopes are accurate; the finite volumes' are not
         eul["near_field_profile"] = "log_linear" if eul["tails"] == "log" else "constant"

@@ -100,9 +100,10 @@ QUADRATURE_ORDER = 2  # 8 points per cell for the diagnostics integrals
 def tail_records(eul: dict) -> dict:
     """The scalar records of log-density tails. With g interpolated at every coupling
     (tail_anchor = 0) the anchor is the last coupling, log_density_time: no variable of its own,
-    so the files written before the key resume; the retraced centroids only with the selective paths."""
+    so the files written before the key resume; the retraced centroids only with the selective and the
+    backtracked paths."""
     return {k: v for k, v in TAIL_META.items() if (k != "log_density_anchor" or eul["tail_anchor"] > 0)
-            and (k != "tail_retraced" or eul["tail_paths"] == "selective")}
+            and (k != "tail_retraced" or eul["tail_paths"] in ("selective", "backtrack"))}
 
 
 class _CellMeasure:

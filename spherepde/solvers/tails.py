@@ -70,7 +70,7 @@ from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, ad
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
-           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES", "TAIL_FIELD_BETWEEN"]
+           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES", "TAIL_FIELD_BETWEEN", "TAIL_STATE_SPACING"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -95,7 +95,7 @@ TAIL_PATH_STEP = 0.1
 # or "selective": the composed maps, retraced to the anchor at the centroids whose map has used up an
 # error budget of TAIL_RETRACE_TOLERANCE decades of g (LogTails._selective): across the fronts of the
 # tails, where interpolating the maps smears g, and where many small compositions add up
-TAIL_PATHS = ("retrace", "maps", "selective")
+TAIL_PATHS = ("retrace", "maps", "selective", "backtrack")
 TAIL_PATHS_DEFAULT = "retrace"
 TAIL_RETRACE_TOLERANCE = 0.01  # decades of g
 # what bounds the tail cells that follow g's rate between couplings: "none" (the rate alone), or
@@ -121,7 +121,11 @@ TAIL_STEP_STATES = ("all", "atom_events")
 # f(t₀)e^{(s − t₀)r} within their bounds, as the solver moves them after every step, the other cells
 # and the atoms' masses linear, the atoms on the chord between their positions (one sum; the
 # field of an interpolated measure, not an interpolated field: v is a ratio of two sums)
-TAIL_FIELD_BETWEEN = ("linear", "measure")
+TAIL_FIELD_BETWEEN = ("linear", "measure", "steps")
+# ("steps") the states after the finite-volume steps that g's paths go through are at least this far
+# apart in time (every step at nside 16, β = 30; every second or third at nside 32): 0.025 apart the
+# self-consistency at t = 8 reads 0.046 decades, 0.05 apart 0.085 (docs/numerics.md)
+TAIL_STATE_SPACING = 0.0125
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
 
 
@@ -204,7 +208,7 @@ class LogTails:
                  follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0,
                  step_states: str = "all", between: str = "linear"):
         if paths not in TAIL_PATHS + ("start",):
-            raise ValueError(f"paths must be 'retrace', 'maps', 'selective' or 'start', got {paths!r}")
+            raise ValueError(f"paths must be 'retrace', 'maps', 'selective', 'backtrack' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
             raise ValueError(f"follow_bounds must be one of {TAIL_FOLLOW_BOUNDS}, got {follow_bounds!r}")
         self.follow_bounds = follow_bounds
@@ -222,9 +226,13 @@ class LogTails:
         # back to the last anchor through the states of the couplings since
         self.anchor = math.inf if paths == "start" else float(anchor)
         # "maps": the couplings in between compose the anchor's paths instead of retracing them
-        self.maps = paths in ("maps", "selective")
+        self.maps = paths in ("maps", "selective", "backtrack")
         # "selective": the maps retraced where their budget runs out (_selective); the states since the anchor kept
         self.selective = paths == "selective"
+        # "backtrack": the maps, a path traced on through the coupling before where a map does not
+        # resolve it (_backtracked); the states and the maps of every coupling since the anchor kept
+        self.backtrack = paths == "backtrack"
+        self._maps_since = []  # ("backtrack") (t, departure points at the anchor, ∫ div_S v since) per coupling
         self.retrace_tolerance = float(retrace_tolerance)
         self.retraced = 0  # centroids whose paths the last coupling retraced to the anchor ("selective")
         self._anchor_slopes = (math.nan, None)  # (anchor time, ∇g there at the centroids), for _selective
@@ -244,6 +252,7 @@ class LogTails:
             raise ValueError(f"between must be one of {TAIL_FIELD_BETWEEN}, got {between!r}")
         self.between = between
         self._measure = None  # ("measure") (t, f, atom points, atom masses) of the last coupling's state
+        self._records = []  # ("steps") (t, f, atom positions, masses by slot) since the last coupling (_record)
         self._paths_between = {}  # ("measure") (t₀, t₁) → s ↦ the field of the measure at s, since the anchor
         self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1 or at atom events
         self._atoms_changed = False  # an atom made or merged since the last coupling (forget_anchor)
@@ -318,10 +327,11 @@ class LogTails:
         self._previous = self.field_of(f, atoms)
         self._states, self._fine, self._atoms_changed = [], [], False
         self._measure, self._paths_between = self._measure_of(t, f, atoms), {}
+        self._records = self._record(t, f, atoms, [])
         # paths "start": g is interpolated at t only; every coupling follows its paths back to t
         # through the states of all couplings since (kept here)
         self._origin = (float(t), g.copy(), [(float(t), self._previous)])
-        self._map = None
+        self._map, self._maps_since = None, []
         self.last = {"tail_cells": 0, "tail_mass_moved": 0.0, "tail_drift": math.nan, "tail_retraced": 0}
         if last:
             self.last.update({key: last[key] for key in self.last if key in last})
@@ -353,6 +363,8 @@ class LogTails:
         self._atoms_changed = False
         if self.between == "measure" and not self._states and not atoms_changed:  # no step's state in between
             self._paths_between[(float(t0), float(t))] = self._measure_path(t, f, atoms)
+        if self.between == "steps" and not self._states:  # the states after the steps, linear between them
+            self._paths_between[(float(t0), float(t))] = self._steps_path(self._record(t, f, atoms, self._records))
         # the states since the last anchor: at every coupling (the anchor's first), those recorded
         # since t0 (substeps > 1: one per step), then this one
         origin_t, origin_g, history = self._origin
@@ -372,7 +384,9 @@ class LogTails:
             return (1 - theta) * va + theta * vb, (1 - theta) * da + theta * db
 
         g_before = self.g
-        if self.maps:
+        if self.backtrack:
+            self.g = g = self._backtracked(origin_g, field, t0, dt)
+        elif self.maps:
             self.g = g = self._composed(origin_g, field, t0, dt)
         else:
             self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
@@ -415,12 +429,13 @@ class LogTails:
         self._previous = self.field_of(f, atoms) if changed else now
         self._mesh_top = float(f.max())
         self._measure = self._measure_of(t, f, atoms)
+        self._records = self._record(t, f, atoms, [])
         if t - self._origin[0] >= self.anchor - 1e-9 * max(1.0, abs(t)):  # g interpolated from here on
             self._origin = (float(t), g.copy(), [(float(t), self._previous)])
-            self._map = None
+            self._map, self._maps_since = None, []
             self._fine = []
             self._paths_between = {}
-        elif self.maps and not self.selective:  # the paths of the next coupling start here
+        elif self.maps and not self.selective and not self.backtrack:  # the paths of the next coupling start here
             self._origin = (self._origin[0], self._origin[1], [(float(t), self._previous)])
             self._paths_between = {}
         else:
@@ -465,6 +480,37 @@ class LogTails:
 
         return field_at
 
+    def _record(self, t, f, atoms, records):
+        """("steps") records + [the state at t: f (float32: the sums' masses need no more), the
+        atoms' positions and masses by slot (0: no atom)]; nothing recorded with another field."""
+        if self.between == "steps":
+            x, m = (None, None) if atoms is None else (atoms.positions.copy(), np.where(atoms.alive, atoms.masses, 0.0))
+            records.append((float(t), np.array(f, dtype=np.float32), x, m))
+        return records
+
+    def _steps_path(self, records):
+        """s ↦ the field of the measure the solver held at s between two couplings
+        (TAIL_FIELD_BETWEEN "steps"): linear in time between the states recorded after its steps
+        (TAIL_STATE_SPACING apart at least; the first after the earlier coupling's substitution,
+        the last before the later one's), each atom on the chord between its positions; an atom
+        made or merged between two records enters with its mass ramped from 0 or leaves with it
+        ramped to 0, as in the reference of validation.background (SavedField)."""
+        times = [r[0] for r in records]
+
+        def field_at(s):
+            j = min(max(bisect.bisect_right(times, s) - 1, 0), len(times) - 2)
+            (t0, f0, x0, m0), (t1, f1, x1, m1) = records[j], records[j + 1]
+            a = (s - t0) / (t1 - t0)
+            fs = (1.0 - a) * f0.astype(float) + a * f1.astype(float)
+            if x0 is None:
+                return self._field_of_points(fs, None, None)
+            both, born, died = (m0 > 0) & (m1 > 0), (m1 > 0) & ~(m0 > 0), (m0 > 0) & ~(m1 > 0)
+            x = np.concatenate([unit_rows((1.0 - a) * x0[both] + a * x1[both]), x1[born], x0[died]])
+            m = np.concatenate([(1.0 - a) * m0[both] + a * m1[both], a * m1[born], (1.0 - a) * m0[died]])
+            return self._field_of_points(fs, x, m)
+
+        return field_at
+
     def _composed(self, origin_g, field, t0, dt):
         """g at the centroids at t0 + dt by the composed paths ("maps"): the paths of this interval
         only, back to t0, then the map of the last coupling at their departure points: its
@@ -491,6 +537,55 @@ class LogTails:
             budget[retrace] = 0.0
         self._map = departure, integral, budget
         return self.interpolant(origin_g, departure) - integral
+
+    def _backtracked(self, origin_g, field, t0, dt):
+        """g at the centroids at t1 = t0 + dt by the backtracked maps ("backtrack"): each path is
+        traced back through this interval, then composed with the map of the coupling at its start
+        (departure points at the anchor, divergence integral since: _maps_since) where that map
+        resolves it; elsewhere traced on through the interval before, and so on back to the anchor,
+        where g is interpolated (never further: a resumed run starts there). A map resolves a
+        point where its quadratic and cubic interpolants give g within retrace_tolerance decades
+        (g of the anchor at the composed points, minus the integral). Where atoms compete in the
+        softmax the maps fold the tails into fronts narrower than a cell, and interpolating them
+        there costs up to 0.4 decades by t = 8 (β = 30, nside 16, docs/numerics.md); the paths
+        there are traced exactly, the rest composed once. `retraced`: the centroids traced back
+        beyond this interval."""
+        interpolant = self.interpolant
+        if self._cubic is None:
+            self._cubic = PolynomialInterpolant(self.mesh, degree=3)
+        n = self.mesh.npix
+        g, departure, integral = np.empty(n), np.empty((n, 3)), np.zeros(n)
+        points = interpolant.centroids.copy()
+        todo = np.arange(n)
+        backtracked = np.zeros(n, dtype=bool)
+        tolerance = self.retrace_tolerance * math.log(10.0)
+        later, k = t0 + dt, len(self._maps_since)
+        while todo.size:
+            earlier = self._maps_since[k - 1][0] if k else self._origin[0]
+            span = later - earlier
+            feet, part = trace_back(points[todo], field, earlier, span, self._path_steps(span, dt, earlier),
+                                    self.path_scheme)
+            points[todo] = feet
+            integral[todo] += part
+            if not k:  # the anchor: its g at the feet
+                departure[todo] = feet
+                break
+            _, anchor_points, anchor_integral = self._maps_since[k - 1]
+            columns = np.column_stack([anchor_points, anchor_integral])
+            quadratic, cubic = interpolant(columns, feet), self._cubic(columns, feet)
+            composed = unit_rows(quadratic[:, :3])
+            g_quadratic = interpolant(origin_g, composed) - quadratic[:, 3]
+            g_cubic = interpolant(origin_g, unit_rows(cubic[:, :3])) - cubic[:, 3]
+            resolved = np.abs(g_quadratic - g_cubic) <= tolerance
+            done = todo[resolved]
+            departure[done] = composed[resolved]
+            integral[done] += quadratic[resolved, 3]
+            todo = todo[~resolved]
+            backtracked[todo] = True
+            later, k = earlier, k - 1
+        self.retraced = int(backtracked.sum())
+        self._maps_since.append((float(t0 + dt), departure, integral))
+        return interpolant(origin_g, departure) - integral
 
     def _selective(self, origin_g, earlier, feet_now, integral_now):
         """The composed map of the centroids ("selective"; compose_paths) and its error budget: the
@@ -612,6 +707,8 @@ class LogTails:
             self._follow(t, f, atoms)
         if self.substeps > 1 or self.step_states == "atom_events":  # for g's paths at the next coupling
             self._states.append((float(t), self.field_of(f, atoms)))
+        if self.between == "steps" and t - self._records[-1][0] >= TAIL_STATE_SPACING * (1.0 - 1e-9):
+            self._record(t, f, atoms, self._records)
 
     def _follow(self, t, f, atoms):
         t1, cells, values, rate, low, high = self._anchor

@@ -130,7 +130,8 @@ TAIL_META = {
     "tail_drift": ("90th percentile over the tail cells of |log10(f_fv / f_log)| before the last coupling: the "
                    "finite volumes' drift from the characteristics over one coupling interval", "1"),
     "tail_retraced": ("centroids whose paths the last coupling retraced to the anchor, where the composed map "
-                      "bends (tail_paths = selective)", "1"),
+                      "bends (tail_paths = selective), or traced back beyond its interval, where the maps do not "
+                      "resolve them (tail_paths = backtrack)", "1"),
     "log_density_time": ("time of the last coupling, at which log_density and log_density_rate hold; a run "
                          "continues from the snapshots where it equals the time", "time"),
     "log_density_anchor": ("time of the last anchor, at which g was last interpolated and from which the paths "

@@ -341,6 +341,12 @@ EVENTS = 'eulerian.tail_step_states="atom_events"'
 # g's paths between the couplings' states through the field of the measure the solver holds then
 # (the followed tails exponential in time) instead of the two fields linear in time
 MEASURE = 'eulerian.tail_field_between="measure"'
+# g's paths through the measure the solver held after its steps (recorded 0.0125 apart at least), linear
+# in time between them
+STEPS = 'eulerian.tail_field_between="steps"'
+# the composed maps traced on through the coupling before where a map does not resolve the path
+# (tail_paths = "backtrack"), anchors 5.0 apart, RK4 steps of 0.05
+BACKTRACK = ('eulerian.tail_paths="backtrack"', "eulerian.tail_anchor=5.0", "eulerian.tail_path_step=0.05")
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
@@ -364,18 +370,22 @@ TAIL_STATES = {"finite volumes + atoms": False,
                                                                                         UNBOUNDED],
                "the defaults, through the field of the measure between couplings": [CELLS_ONLY, MEASURE],
                "couplings every 0.05 at the clusters' peaks, through the field of the measure between couplings":
-                   [*CLUSTERS, MEASURE, UNBOUNDED]}
+                   [*CLUSTERS, MEASURE, UNBOUNDED],
+               "the defaults (field of the measure), backtracked maps to anchors every 5.0, RK4 steps of 0.05":
+                   [CELLS_ONLY, MEASURE, *BACKTRACK],
+               "the backtracked maps through the states after the steps": [CELLS_ONLY, STEPS, *BACKTRACK]}
 # the states made before the field of the measure became the default keep the fields linear between
-# couplings, as they were run (states 13–15 name the measure)
+# couplings, as they were run (states 13 on name their field)
 LINEAR = 'eulerian.tail_field_between="linear"'
-TAIL_STATES = {label: tails if tails is False or MEASURE in tails else [*tails, LINEAR]
-               for label, tails in TAIL_STATES.items()}
+TAIL_STATES = {label: tails if tails is False or k > 12 else [*tails, LINEAR]
+               for k, (label, tails) in enumerate(TAIL_STATES.items())}
 # each state's run file, background_run_<tag>nside<N>[_saves<S>].nc: the names the runs were first written under
 RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_", "tails_retraced_", "tails_defaults_",
                                        "tails_defaults_selective_", "tails_retraced_substeps_", "tails_retraced_events_",
                                        "tails_defaults_events_", "tails_clusters_events_", "tails_retraced_events1_",
                                        "tails_retraced_step0.025_", "tails_retraced_step0.05_",
-                                       "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_")))
+                                       "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_",
+                                       "tails_backtrack_", "tails_backtrack_steps_")))
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY,

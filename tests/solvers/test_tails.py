@@ -308,6 +308,17 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     assert main(["run", str(selective), "-o", str(out), "--resume"]) == 0
     assert "resumed from snapshot 10 (t = 1)" in open_run(out).attrs["history"]
     assert run_difference(out, ref) <= ROUND_OFF
+    # the backtracked paths: the maps of the couplings since the anchor too are rebuilt by the resumed run
+    backtrack = tmp_path / "backtrack.toml"
+    backtrack.write_text(selective.read_text().replace('tail_paths = "selective"', 'tail_paths = "backtrack"'))
+    ref, out = tmp_path / "ref_backtrack.nc", tmp_path / "out_backtrack.nc"
+    assert main(["run", str(backtrack), "-o", str(ref)]) == 0
+    ds = open_run(ref)
+    assert ds.attrs["tail_paths"] == "backtrack" and ds["tail_retraced"].values.max() > 0
+    interrupt_after(backtrack, out, 13)
+    assert main(["run", str(backtrack), "-o", str(out), "--resume"]) == 0
+    assert "resumed from snapshot 10 (t = 1)" in open_run(out).attrs["history"]
+    assert run_difference(out, ref) <= ROUND_OFF
     # g interpolated at every coupling (tail_anchor = 0, the files before anchors): from the last coupling
     every = tmp_path / "every.toml"
     every.write_text(TAILS.replace("tail_interval = 0.2", "tail_interval = 0.2\ntail_anchor = 0.0"))
@@ -633,6 +644,37 @@ def test_selective_paths_are_the_maps_retraced_where_their_budget_runs_out():
         EulerianSolver(mesh, model, atoms={}, tails={"paths": "selective", "retrace_tolerance": 0.0})
 
 
+def test_backtracked_paths_are_the_maps_traced_on_where_a_map_does_not_resolve_them():
+    """LogTails(paths="backtrack") at β = ∞ (the field is local, so a subset of paths is the same
+    as the whole set's rows): with a tolerance no map reaches it is the composed maps bit for bit;
+    with one every map exceeds, every path is traced back to the anchor through the same step
+    boundaries, the retraced paths to rounding; with 0.001 decades, between the two: some
+    centroids traced on, and g closer to the exact log density than the maps (p90 at t = 2.8,
+    nside 8: maps 0.045, these 0.019, the retraced paths 0.008)."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, np.inf)
+    f0 = Uniform().cell_averages(mesh)
+    g, backtracked = {}, {}
+    for name, options in (("retrace", {}), ("maps", {"paths": "maps"}),
+                          ("none traced on", {"paths": "backtrack", "retrace_tolerance": 1e6}),
+                          ("all traced on", {"paths": "backtrack", "retrace_tolerance": 1e-300}),
+                          ("backtrack", {"paths": "backtrack", "retrace_tolerance": 1e-3})):
+        solver = EulerianSolver(mesh, model, atoms={}, tails=options)
+        for _, t, f, rec in solver.snapshots(f0, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0, 2.4, 2.8]):
+            g[name, t] = solver.tails.g.copy()
+            backtracked[name, t] = solver.tails.retraced
+    far = np.abs(mesh.centroids[:, 0]) < 0.5  # > 60° from ±e₁, where the atoms are
+    for t in (2.0, 2.8):
+        assert np.array_equal(g["none traced on", t], g["maps", t])
+        np.testing.assert_allclose(g["all traced on", t], g["retrace", t], rtol=0, atol=1e-12)
+        assert backtracked["none traced on", t] == 0 and 0 < backtracked["backtrack", t] < mesh.npix
+        exact = np.log(zero_temperature_density(model, Uniform(), t)(mesh.centroids))
+        errors = {name: np.percentile(np.abs(g[name, t][far] - exact[far]), 90) for name in ("maps", "backtrack")}
+        assert errors["backtrack"] < errors["maps"] / 2, errors
+    # at t = 2.0 (an anchor) and 2.8: every path of a coupling after the first since the anchor
+    assert backtracked["all traced on", 2.8] == mesh.npix
+
+
 def test_bounded_following_does_not_extrapolate_a_front_that_has_passed():
     """follow_bounds "neighbours": a tail cell whose g rose by 16 over the last interval (a front
     passing, as in the vMF run of tails_retrace.toml at t = 7.3–7.35, nside 16) stays within the
@@ -834,3 +876,55 @@ def test_the_field_between_couplings_is_that_of_the_measure_the_solver_holds():
     with pytest.raises(ConfigError, match="tail_field_between"):
         resolve({"model": {"beta": 30.0, "B": "identity", "V": "identity"},
                  "eulerian": {"tails": "log", "tail_field_between": "cubic"}, "time": {"t_end": 1.0, "save_every": 0.5}})
+
+
+def test_the_field_between_couplings_can_be_the_states_after_the_steps():
+    """tail_field_between = "steps": the states the solver held after its steps (recorded
+    TAIL_STATE_SPACING apart at least) are kept, and between two of them g's paths see the measure
+    linear in time: the state's field at every record, one attention sum between them. An atom made
+    between two records enters with its mass ramped from 0 (as in validation.background's
+    reference), so an atom event keeps the interval's path."""
+    import spherepde.solvers.tails as tails_module
+    from spherepde.solvers.atoms import Atoms
+    from spherepde.solvers.tails import TAIL_STATE_SPACING
+
+    mesh = HealpixMesh(4)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    rng = np.random.default_rng(6)
+    f0 = 10.0 ** rng.uniform(-12, -6, mesh.npix)
+    f0[:16] = 1.0 / mesh.area / 16
+    atoms = Atoms(mesh, capacity=4)
+    tails = LogTails(mesh, model, between="steps", follow=False)
+    tails.start(0.0, np.log(f0), f0.copy(), atoms)
+    x = np.ascontiguousarray(np.stack(hp.pix2vec(8, np.arange(0, 768, 7), nest=True), axis=1))
+    states = {0.0: (f0.copy(), None)}
+    f = f0.copy()
+    for k, t in enumerate((0.01, 0.03, 0.05, 0.1, 0.2)):
+        f = f * (1.0 + 0.3 * mesh.centroids[:, 2] * t)
+        if k == 2:  # an atom made after the third step
+            atoms.positions[1], atoms.masses[1] = [0.0, 0.6, 0.8], 0.05
+        if t < 0.2:
+            tails.follow_tail(t, f, atoms)
+        states[t] = (f.copy(), atoms.points())
+    # the step at 0.01 is closer than the spacing to the coupling before: not recorded
+    assert TAIL_STATE_SPACING > 0.01 and [r[0] for r in tails._records] == [0.0, 0.03, 0.05, 0.1]
+    sums = []
+    real = tails_module.attention_field
+    try:
+        tails_module.attention_field = lambda *a, **k: sums.append(1) or real(*a, **k)
+        tails.couple(0.2, f.copy(), atoms)
+        path = tails._paths_between[(0.0, 0.2)]
+        for s in (0.03, 0.1):
+            f_s, (xa, ma) = states[s]
+            for got, want in zip(path(s)(x), tails._field_of_points(f_s.astype(np.float32).astype(float), xa, ma)(x)):
+                assert got == pytest.approx(want, rel=1e-12, abs=1e-14)
+        del sums[:]
+        s, a = 0.04, 0.5  # between the records at 0.03 (no atom) and 0.05 (the atom made)
+        got = path(s)(x)
+        assert len(sums) == 1
+    finally:
+        tails_module.attention_field = real
+    f_s = ((1 - a) * states[0.03][0].astype(np.float32).astype(float) + a * states[0.05][0].astype(np.float32).astype(float))
+    xa, ma = states[0.05][1]
+    for got_part, want in zip(got, tails._field_of_points(f_s, xa, a * ma)(x)):
+        assert got_part == pytest.approx(want, rel=1e-12, abs=1e-14)

@@ -96,8 +96,9 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
 def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
     command line and last column say the save intervals compared (no state run: states=[])."""
-    from spherepde.validation.background import (CELLS_ONLY, EVENTS, LINEAR, MEASURE, RETRACED, RUN_FILE_TAGS,
-                                                 SELECTIVE, SUBSTEPS, TAIL_STATES, UNBOUNDED, tails_report)
+    from spherepde.validation.background import (BACKTRACK, CELLS_ONLY, EVENTS, LINEAR, MEASURE, RETRACED,
+                                                 RUN_FILE_TAGS, SELECTIVE, STEPS, SUBSTEPS, TAIL_STATES, UNBOUNDED,
+                                                 tails_report)
 
     tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
@@ -116,10 +117,10 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
                                                                          "tails_retraced_"]
-    assert len(TAIL_STATES) == 16 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 18 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states made before the field of the measure became the default keep the fields linear, as run
-    assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:] if MEASURE not in o)
-    assert not any(LINEAR in o for o in list(TAIL_STATES.values())[1:] if MEASURE in o)
+    assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:13])
+    assert not any(LINEAR in o for o in list(TAIL_STATES.values())[13:])
     states = [o if o is False else [x for x in o if x != LINEAR] for o in TAIL_STATES.values()]
     # the states first run before the bound became the default keep their unbounded following
     assert all(UNBOUNDED in overrides for overrides in states[1:4])
@@ -144,6 +145,8 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert states[13] == [*states[3][:4], MEASURE, UNBOUNDED]
     assert states[14] == [*states[4], MEASURE]
     assert sorted(states[15]) == sorted([*states[2], MEASURE])
+    # state 14 with the backtracked maps, through the field of the measure and through the steps' states
+    assert states[16] == [*states[14], *BACKTRACK] and states[17] == [CELLS_ONLY, STEPS, *BACKTRACK]
 
 
 def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
