@@ -373,7 +373,9 @@ TAIL_STATES = {"finite volumes + atoms": False,
                    [*CLUSTERS, MEASURE, UNBOUNDED],
                "the defaults (field of the measure), backtracked maps to anchors every 5.0, RK4 steps of 0.05":
                    [CELLS_ONLY, MEASURE, *BACKTRACK],
-               "the backtracked maps through the states after the steps": [CELLS_ONLY, STEPS, *BACKTRACK]}
+               "the backtracked maps through the states after the steps": [CELLS_ONLY, STEPS, *BACKTRACK],
+               "the same, couplings every 0.05 at the clusters' peaks": [*CLUSTERS, STEPS, *BACKTRACK],
+               "the same, couplings every 0.2 at the clusters' peaks": [CLUSTERS[0], STEPS, *BACKTRACK]}
 # the states made before the field of the measure became the default keep the fields linear between
 # couplings, as they were run (states 13 on name their field)
 LINEAR = 'eulerian.tail_field_between="linear"'
@@ -385,7 +387,8 @@ RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_",
                                        "tails_defaults_events_", "tails_clusters_events_", "tails_retraced_events1_",
                                        "tails_retraced_step0.025_", "tails_retraced_step0.05_",
                                        "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_",
-                                       "tails_backtrack_", "tails_backtrack_steps_")))
+                                       "tails_backtrack_", "tails_backtrack_steps_",
+                                       "tails_backtrack_clusters_", "tails_backtrack_peaks_")))
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY,

@@ -661,8 +661,9 @@ def run_file_variant(eul):
     """The HYBRID_VARIANTS name of a run file's [eulerian] settings (import_runs), None where no
     variant holds them."""
     if (float(eul.get("tail_exclusion_width", 0.0)) > 0.0 or eul.get("tail_path_scheme", "rk4") != "rk4"
-            or eul.get("tail_field_between", "linear") != "linear"):
-        return None  # no variant holds a neighbourhood in kernel widths, other paths than RK4's or the measure's field
+            or eul.get("tail_field_between", "linear") != "linear" or eul.get("tail_paths") == "backtrack"):
+        return None  # no variant holds a neighbourhood in kernel widths, other paths than RK4's, the
+        # measure's or the steps' field, or the backtracked maps
     paths = eul.get("tail_paths", "retrace")
     variant = (RUN_FILE_VARIANT if eul.get("tail_anchor", 0.0) == 0 else
                RUN_FILE_MAPS if paths in ("maps", "selective") else RUN_FILE_ANCHORED)

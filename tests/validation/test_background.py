@@ -117,7 +117,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
                                                                          "tails_retraced_"]
-    assert len(TAIL_STATES) == 18 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 20 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states made before the field of the measure became the default keep the fields linear, as run
     assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:13])
     assert not any(LINEAR in o for o in list(TAIL_STATES.values())[13:])
@@ -147,6 +147,8 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert sorted(states[15]) == sorted([*states[2], MEASURE])
     # state 14 with the backtracked maps, through the field of the measure and through the steps' states
     assert states[16] == [*states[14], *BACKTRACK] and states[17] == [CELLS_ONLY, STEPS, *BACKTRACK]
+    assert states[18] == [*states[2][:2], STEPS, *BACKTRACK]  # and the clusters' peaks, couplings every 0.05
+    assert states[19] == [states[2][0], STEPS, *BACKTRACK]  # the clusters' peaks, couplings every 0.2
 
 
 def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():

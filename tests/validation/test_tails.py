@@ -193,6 +193,8 @@ def test_a_run_file_is_kept_as_the_variant_of_its_settings():
     assert tails.run_file_variant({**clusters_bounded, "tail_path_scheme": "heun"}) is None
     # the field of the measure between couplings is no variant's (all ran the fields linear)
     assert tails.run_file_variant({**clusters_bounded, "tail_field_between": "measure"}) is None
+    assert tails.run_file_variant({**clusters_bounded, "tail_field_between": "steps"}) is None
+    assert tails.run_file_variant({"tail_anchor": 5.0, "tail_paths": "backtrack"}) is None  # nor the backtracked maps
     assert tails.run_file_variant({**clusters_bounded, "tail_field_between": "linear"}) == tails.RUN_FILE_BOUNDED
     selective = {**sigma, "tail_reference": "clusters", "tail_interval": 0.05, "tail_paths": "selective",
                  "tail_follow_bounds": "neighbours"}
