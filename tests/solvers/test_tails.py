@@ -613,66 +613,49 @@ def test_composed_maps_interpolate_g_at_the_anchors_and_the_smooth_maps_between(
         EulerianSolver(mesh, model, atoms={}, tails={"paths": "compose"})
 
 
-def test_selective_paths_are_the_maps_retraced_where_their_budget_runs_out():
-    """LogTails(paths="selective") at β = ∞ (the field is local, so a subset of paths is the same
-    as the whole set's rows): with a tolerance no budget reaches it is the composed maps bit for bit;
-    with one every budget exceeds, the retraced paths (every centroid retraced); with 0.001 decades,
-    between the two: some centroids retraced, and g closer to the exact log density than the maps
-    (p90 at t = 2.8, nside 8: maps 0.045, these 0.008, the retraced paths 0.008)."""
+def _paths_against_the_maps(paths, tolerance):
+    """g and LogTails.retraced at t = 2.0 and 2.8 (nside 8, β = ∞, couplings every 0.2 to saves 0.4
+    apart) for the retraced paths, the composed maps and `paths` with a tolerance no path reaches,
+    one every path exceeds and `tolerance` (decades of g); the exact log density at those times."""
     mesh = HealpixMesh(8)
     model = AttentionModel(PAPER_B, PAPER_V, np.inf)
     f0 = Uniform().cell_averages(mesh)
     g, retraced = {}, {}
     for name, options in (("retrace", {}), ("maps", {"paths": "maps"}),
-                          ("none retraced", {"paths": "selective", "retrace_tolerance": 1e6}),
-                          ("all retraced", {"paths": "selective", "retrace_tolerance": 1e-300}),
-                          ("selective", {"paths": "selective", "retrace_tolerance": 1e-3})):
+                          ("none", {"paths": paths, "retrace_tolerance": 1e6}),
+                          ("all", {"paths": paths, "retrace_tolerance": 1e-300}),
+                          ("some", {"paths": paths, "retrace_tolerance": tolerance})):
         solver = EulerianSolver(mesh, model, atoms={}, tails=options)
         for _, t, f, rec in solver.snapshots(f0, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0, 2.4, 2.8]):
             g[name, t] = solver.tails.g.copy()
             retraced[name, t] = solver.tails.retraced
+    exact = {t: np.log(zero_temperature_density(model, Uniform(), t)(mesh.centroids)) for t in (2.0, 2.8)}
+    return mesh, g, retraced, exact
+
+
+@pytest.mark.parametrize("paths", ["selective", "backtrack"])
+def test_selective_and_backtracked_paths_are_the_maps_retraced_where_the_maps_fail(paths):
+    """LogTails(paths="selective" / "backtrack") at β = ∞ (the field is local, so a subset of paths
+    is the same as the whole set's rows): with a tolerance no path reaches, the composed maps bit
+    for bit; with one every path exceeds, the retraced paths to rounding (every centroid retraced;
+    "backtrack": traced back through the same step boundaries, interval by interval); with 0.001
+    decades, between the two: some centroids retraced, and g closer to the exact log density than
+    the maps (p90 at t = 2.8, nside 8: maps 0.045, selective 0.008, backtrack 0.019, the retraced
+    paths 0.008). selective: retraced where the error budget its map carries exceeds the tolerance;
+    backtrack: traced on where the map's quadratic and cubic interpolants disagree by more."""
+    mesh, g, retraced, exact = _paths_against_the_maps(paths, 1e-3)
     far = np.abs(mesh.centroids[:, 0]) < 0.5  # > 60° from ±e₁, where the atoms are
     for t in (2.0, 2.8):
-        assert np.array_equal(g["none retraced", t], g["maps", t])
-        np.testing.assert_allclose(g["all retraced", t], g["retrace", t], rtol=0, atol=1e-12)
-        assert retraced["none retraced", t] == 0 and 0 < retraced["selective", t] < mesh.npix
-        exact = np.log(zero_temperature_density(model, Uniform(), t)(mesh.centroids))
-        errors = {name: np.percentile(np.abs(g[name, t][far] - exact[far]), 90) for name in ("maps", "selective")}
-        assert errors["selective"] < errors["maps"] / 2, errors
-    assert retraced["all retraced", 2.8] == mesh.npix
+        assert np.array_equal(g["none", t], g["maps", t])
+        np.testing.assert_allclose(g["all", t], g["retrace", t], rtol=0, atol=1e-12)
+        assert retraced["none", t] == 0 and 0 < retraced["some", t] < mesh.npix
+        errors = {name: np.percentile(np.abs(g[name, t][far] - exact[t][far]), 90) for name in ("maps", "some")}
+        assert errors["some"] < errors["maps"] / 2, errors
+    # t = 2.8: every path of a coupling after the first since the anchor at 2.0
+    assert retraced["all", 2.8] == mesh.npix
     with pytest.raises(ValueError, match="retrace_tolerance"):
-        EulerianSolver(mesh, model, atoms={}, tails={"paths": "selective", "retrace_tolerance": 0.0})
-
-
-def test_backtracked_paths_are_the_maps_traced_on_where_a_map_does_not_resolve_them():
-    """LogTails(paths="backtrack") at β = ∞ (the field is local, so a subset of paths is the same
-    as the whole set's rows): with a tolerance no map reaches it is the composed maps bit for bit;
-    with one every map exceeds, every path is traced back to the anchor through the same step
-    boundaries, the retraced paths to rounding; with 0.001 decades, between the two: some
-    centroids traced on, and g closer to the exact log density than the maps (p90 at t = 2.8,
-    nside 8: maps 0.045, these 0.019, the retraced paths 0.008)."""
-    mesh = HealpixMesh(8)
-    model = AttentionModel(PAPER_B, PAPER_V, np.inf)
-    f0 = Uniform().cell_averages(mesh)
-    g, backtracked = {}, {}
-    for name, options in (("retrace", {}), ("maps", {"paths": "maps"}),
-                          ("none traced on", {"paths": "backtrack", "retrace_tolerance": 1e6}),
-                          ("all traced on", {"paths": "backtrack", "retrace_tolerance": 1e-300}),
-                          ("backtrack", {"paths": "backtrack", "retrace_tolerance": 1e-3})):
-        solver = EulerianSolver(mesh, model, atoms={}, tails=options)
-        for _, t, f, rec in solver.snapshots(f0, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0, 2.4, 2.8]):
-            g[name, t] = solver.tails.g.copy()
-            backtracked[name, t] = solver.tails.retraced
-    far = np.abs(mesh.centroids[:, 0]) < 0.5  # > 60° from ±e₁, where the atoms are
-    for t in (2.0, 2.8):
-        assert np.array_equal(g["none traced on", t], g["maps", t])
-        np.testing.assert_allclose(g["all traced on", t], g["retrace", t], rtol=0, atol=1e-12)
-        assert backtracked["none traced on", t] == 0 and 0 < backtracked["backtrack", t] < mesh.npix
-        exact = np.log(zero_temperature_density(model, Uniform(), t)(mesh.centroids))
-        errors = {name: np.percentile(np.abs(g[name, t][far] - exact[far]), 90) for name in ("maps", "backtrack")}
-        assert errors["backtrack"] < errors["maps"] / 2, errors
-    # at t = 2.0 (an anchor) and 2.8: every path of a coupling after the first since the anchor
-    assert backtracked["all traced on", 2.8] == mesh.npix
+        EulerianSolver(mesh, AttentionModel(PAPER_B, PAPER_V, np.inf), atoms={},
+                       tails={"paths": paths, "retrace_tolerance": 0.0})
 
 
 def test_bounded_following_does_not_extrapolate_a_front_that_has_passed():
