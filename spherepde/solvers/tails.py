@@ -234,7 +234,7 @@ class LogTails:
         self.backtrack = paths == "backtrack"
         self._maps_since = []  # ("backtrack") (t, departure points at the anchor, ∫ div_S v since) per coupling
         self.retrace_tolerance = float(retrace_tolerance)
-        self.retraced = 0  # centroids whose paths the last coupling retraced to the anchor ("selective")
+        self.retraced = 0  # centroids the last coupling retraced to the anchor ("selective") or traced back ("backtrack")
         self._anchor_slopes = (math.nan, None)  # (anchor time, ∇g there at the centroids), for _selective
         self._cubic = None  # the cubic interpolant of the selective paths' error estimate
         self._map = None  # (departure points at the anchor, ∫ div_S v since, error budget) of the centroids now
@@ -253,7 +253,7 @@ class LogTails:
         self.between = between
         self._measure = None  # ("measure") (t, f, atom points, atom masses) of the last coupling's state
         self._records = []  # ("steps") (t, f, atom positions, masses by slot) since the last coupling (_record)
-        self._paths_between = {}  # ("measure") (t₀, t₁) → s ↦ the field of the measure at s, since the anchor
+        self._paths_between = {}  # ("measure", "steps") (t₀, t₁) → s ↦ the field of the measure at s, since the anchor
         self._states = []  # (t, field) of the steps since the last coupling, with substeps > 1 or at atom events
         self._atoms_changed = False  # an atom made or merged since the last coupling (forget_anchor)
         # ("atom_events") the coupling intervals since the anchor whose states after every step g's
@@ -554,7 +554,7 @@ class LogTails:
         if self._cubic is None:
             self._cubic = PolynomialInterpolant(self.mesh, degree=3)
         n = self.mesh.npix
-        g, departure, integral = np.empty(n), np.empty((n, 3)), np.zeros(n)
+        departure, integral = np.empty((n, 3)), np.zeros(n)
         points = interpolant.centroids.copy()
         todo = np.arange(n)
         backtracked = np.zeros(n, dtype=bool)
