@@ -147,15 +147,18 @@ def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY
         over.append('eulerian.tails="log"')
         over += [] if tails is True else list(tails)
     cfg = C.resolve(C.apply_overrides(C.load(REPO / "solvers" / "atoms_base.toml"), over))
+    resume = False
     if path.exists():
         ds = open_run(path)
         same = C.difference(json.loads(ds.attrs["config"]), json.loads(json.dumps(cfg)), ignore=()) is None
         if same and int(ds.attrs.get("complete", 0)) == 1 and float(ds.time[-1]) >= t_end - 1e-9:
             return cfg, ds
         ds.close()
-        path.unlink()
+        resume = same  # an interrupted run of this config goes on from its last snapshot (or anchor)
+        if not same:
+            path.unlink()
     t0 = time.perf_counter()
-    execute(cfg, str(path), progress=False, log=None)
+    execute(cfg, str(path), progress=False, log=None, resume=resume)
     say(f"  run: nside {nside}, β = 30, t ≤ {t_end:g} in {time.perf_counter() - t0:.0f} s")
     return cfg, open_run(path)
 

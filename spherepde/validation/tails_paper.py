@@ -42,7 +42,7 @@ def paper_metrics(ds):
 def settings_label(eul):
     """The [eulerian] settings of a tails run that shape the answer, in words: how a new atom is
     made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`,
-    `tail_retrace_tolerance`), and, where they differ from the couplings every 0.2 at the mesh's
+    `tail_retrace_tolerance`, `tail_path_step` where not 0.1), and, where they differ from the couplings every 0.2 at the mesh's
     level followed unbounded that the first runs had, `tail_interval`, `tail_reference`,
     `tail_follow_bounds`, `tail_exclusion_width`, `tail_path_scheme`, `tail_substeps`
     (`tail_step_states`) and `tail_field_between`. Keys a file lacks take the value such a file implies
@@ -53,9 +53,12 @@ def settings_label(eul):
         label = f"{atoms}, g interpolated at every coupling"
     else:
         kind = eul.get("tail_paths", "retrace")
-        paths = {"maps": "composed maps", "retrace": "retraced paths"}.get(
-            kind, f"selective paths (budget {eul.get('tail_retrace_tolerance', 0.01):g} decades)")
+        budget = f"(budget {eul.get('tail_retrace_tolerance', 0.01):g} decades)"
+        paths = {"maps": "composed maps", "retrace": "retraced paths", "backtrack": f"backtracked maps {budget}"}.get(
+            kind, f"selective paths {budget}")
         label = f"{atoms}, anchors every {anchor:g} with {paths}"
+        if float(eul.get("tail_path_step", 0.1)) != 0.1:
+            label += f" in RK4 steps of {float(eul['tail_path_step']):g}"
     if float(eul.get("tail_interval", 0.2)) != 0.2:
         label += f", couplings every {float(eul['tail_interval']):g}"
     if eul.get("tail_reference", "mesh") == "clusters":
@@ -70,8 +73,10 @@ def settings_label(eul):
     if int(eul.get("tail_substeps", 1)) > 1:
         where = "at atom events" if eul.get("tail_step_states", "all") == "atom_events" else "everywhere"
         label += f", paths through every step's state {where} ({int(eul['tail_substeps'])} substeps)"
-    if eul.get("tail_field_between", "linear") == "measure":
-        label += ", the field of the measure between couplings"
+    field = eul.get("tail_field_between", "linear")
+    if field != "linear":
+        label += {"measure": ", the field of the measure between couplings",
+                  "steps": ", the steps' states between couplings"}[field]
     return label
 
 

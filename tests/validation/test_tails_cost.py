@@ -10,8 +10,8 @@ def test_cost_rows_run_the_three_settings_and_give_ratios(monkeypatch):
     made = []
     real = tails_cost.config_for
 
-    def recording(nside, t_end, law, overrides=()):
-        config = real(nside, t_end, law, overrides)
+    def recording(nside, t_end, law, overrides=(), beta=30.0):
+        config = real(nside, t_end, law, overrides, beta)
         made.append(json.loads(json.dumps(config)))
         return config
 
@@ -24,3 +24,7 @@ def test_cost_rows_run_the_three_settings_and_give_ratios(monkeypatch):
     assert [c["eulerian"]["tails"] for c in measured] == ["finite_volume", "log", "log"]
     assert [c["eulerian"]["tail_exclusion_width"] for c in measured[1:]] == [1.0, 0.0]
     assert all(c["initial"]["kind"] == "projected_normal" and c["model"]["beta"] == 30.0 for c in measured)
+    # another β reaches every run, the warm-ups too
+    made.clear()
+    tails_cost.compare(nside=4, t_end=0.2, law="vmf", say=lambda *_: None, beta=1000.0)
+    assert len(made) == 4 and all(c["model"]["beta"] == 1000.0 for c in made)

@@ -84,3 +84,10 @@ def test_settings_label_separates_how_atoms_and_paths_were_made():
     assert tails_paper.settings_label({**bounded, "tail_field_between": "measure"}).endswith(
         ", the field of the measure between couplings")
     assert tails_paper.settings_label({**bounded, "tail_field_between": "linear"}) == tails_paper.settings_label(bounded)
+    # the backtracked maps through the steps' states (tails_backtrack.toml) are neither the selective paths
+    # nor the field of the measure, and their shorter RK4 steps are named
+    backtrack = tails_paper.settings_label({**bounded, "tail_paths": "backtrack", "tail_anchor": 5.0,
+                                            "tail_path_step": 0.05, "tail_field_between": "steps"})
+    assert backtrack.startswith("sigma atoms, tail cut, anchors every 5 with backtracked maps (budget 0.01 decades) "
+                                "in RK4 steps of 0.05, couplings every 0.05")
+    assert backtrack.endswith(", the steps' states between couplings")
