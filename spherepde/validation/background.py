@@ -415,6 +415,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",
         f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}"
         + ("" if not states else f" --states {' '.join(map(str, states))}")
+        + ("" if tuple(times) == (2.0, 4.0, 6.0, 8.0) else f" --t {' '.join(f'{t:g}' for t in times)}")
         + ("" if save_every == SAVE_EVERY else f" --save-every {save_every:g}")
         + ("" if reference_step == REFERENCE_STEP else f" --reference-step {reference_step:g}") + "` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "

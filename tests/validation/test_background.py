@@ -103,6 +103,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
     assert "--save-every 0.025" in text and "f_char, saves 0.05 against 0.025, p90" in text
+    assert "--tails --nside 16 --t 8 --save-every 0.025`" in text  # times other than 2, 4, 6, 8 are named
     assert not (tmp_path / "background_tails.md").exists()
     assert "RK4, dt = 0.025)" in text and "--reference-step" not in text
     # f_char in shorter RK4 steps: a report of its own, which says so
