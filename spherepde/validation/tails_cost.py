@@ -2,9 +2,9 @@
 
     python -m spherepde.validation.tails_cost [--nside 16] [--t-end 10] [--law vmf] [--beta 30] [--variant '...']
 
-The paper's matrices at β = 30 unless `--beta` says otherwise (the laws of solvers/paper_beta.toml), Eulerian + atoms, saves
-every 0.2, no particles; run one after the other in this process: the finite volumes alone
-(`tails = "finite_volume"`), then `tails = "log"` with its defaults, then each `--variant` (a
+The paper's matrices at β = 30 unless `--beta` says otherwise (the laws of
+solvers/paper_beta.toml), Eulerian + atoms, saves every 0.2, no particles; run one after the
+other in this process: the finite volumes alone (`tails = "finite_volume"`), then `tails = "log"` with its defaults, then each `--variant` (a
 space-separated list of overrides, e.g. `--variant 'eulerian.tail_exclusion_width=0.0'`). Prints
 each run's CPU time (`time.process_time`, so other jobs on the machine count little), its ratio to
 the finite volumes' and its F-onset. The numba kernels are compiled by a short run first, so no
@@ -82,7 +82,8 @@ def main(argv=None):
     if not args.beta > 0:
         parser.exit(2, f"tails_cost: --beta must be positive, got {args.beta:g}\n")
     rows = compare(args.nside, args.t_end, args.law, [tuple(v.split()) for v in args.variant], beta=args.beta)
-    print(f"| β = {args.beta:g}, {args.law}, nside {args.nside}, t ≤ {args.t_end:g} | CPU s | against the finite volumes | F-onset |")
+    print(f"| β = {args.beta:g}, {args.law}, nside {args.nside}, t ≤ {args.t_end:g} "
+          "| CPU s | against the finite volumes | F-onset |")
     print("|---|---|---|---|")
     for label, cpu, ratio, onset in rows:
         print(f"| {label} | {cpu:.1f} | {ratio:.2f} | {'none' if math.isnan(onset) else f'{onset:.3f}'} |")

@@ -42,8 +42,9 @@ def paper_metrics(ds):
 def settings_label(eul):
     """The [eulerian] settings of a tails run that shape the answer, in words: how a new atom is
     made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`,
-    `tail_retrace_tolerance`, `tail_path_step` where not 0.1), and, where they differ from the couplings every 0.2 at the mesh's
-    level followed unbounded that the first runs had, `tail_interval`, `tail_reference`,
+    `tail_retrace_tolerance`, `tail_path_step` where not 0.1), and, where they differ from the
+    couplings every 0.2 at the mesh's level followed unbounded that the first runs had,
+    `tail_interval`, `tail_reference`,
     `tail_follow_bounds`, `tail_exclusion_width`, `tail_path_scheme`, `tail_substeps`
     (`tail_step_states`) and `tail_field_between`. Keys a file lacks take the value such a file implies
     (spherepde.runner.config.ADDED_KEYS)."""
