@@ -63,7 +63,7 @@ import math
 import healpy as hp
 import numpy as np
 
-from ..summation import attention_field, mesh_sources
+from ..summation import PreparedSources, attention_field, mesh_sources
 from .guards import RunFailure
 from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, advance_log_density, compose_paths,
                                          trace_back, unit_rows)
@@ -174,6 +174,22 @@ def coupling_schedule(times, interval: float) -> list[tuple]:
             schedule.append((t1,))
             last = t1
     return schedule
+
+
+def _per_time(field_at):
+    """field_at (s ↦ the frozen field at time s), made once per time s: the RK4 stages of g's
+    paths meet the same times three to five times per step, and every coupling whose paths are
+    traced back through an interval meets that interval's times again (the same floats: the
+    step boundaries are computed from the same coupling times), so each field's sums build their
+    sources and tree once (PreparedSources). Kept as long as the path between two couplings is."""
+    made = {}
+
+    def once(s):
+        if s not in made:
+            made[s] = field_at(s)
+        return made[s]
+
+    return once
 
 
 class LogTails:
@@ -312,7 +328,17 @@ class LogTails:
         else:
             sources, masses = mesh_sources(self.mesh, f, x, m)
         model = self.model
-        return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
+        if model.zero_temperature:  # the local field: no sums
+            return lambda points: attention_field(model, sources, masses, points, want_div=True)[:2]
+        prepared = []  # the sums' source arrays and tree, built at the first call for all the others
+
+        def field(points):
+            if not prepared:
+                prepared.append(PreparedSources(sources, masses))
+            p = prepared[0]
+            return attention_field(model, p.sources, p.masses, points, want_div=True, prepared=p)[:2]
+
+        return field
 
     def start(self, t, g, f, atoms, rate=None, last=None, peaks=None):
         """g (log f at the centroids) at time t, with the state (f, atoms) there; rate: g's rate
@@ -468,6 +494,7 @@ class LogTails:
         followed = self._anchor if self._anchor is not None and self._anchor[0] == t0 else None
         span = float(t1) - t0
 
+        @_per_time
         def field_at(s):
             theta = (s - t0) / span
             fs = (1.0 - theta) * f0 + theta * f1
@@ -497,6 +524,7 @@ class LogTails:
         ramped to 0, as in the reference of validation.background (SavedField)."""
         times = [r[0] for r in records]
 
+        @_per_time
         def field_at(s):
             j = min(max(bisect.bisect_right(times, s) - 1, 0), len(times) - 2)
             (t0, f0, x0, m0), (t1, f1, x1, m1) = records[j], records[j + 1]

@@ -4,7 +4,8 @@ surface divergence and the softmax mean m_β(x) = Σ_j ω_j y_j, ω_j ∝ μ_j e
 Layers, each importing only from those below it (tests/test_layering.py checks this):
 
     field        attention_field / AttentionField: the one entry point, the method choice and
-                 cost model, mesh_sources                       (imports the sums and kernels)
+                 cost model, PreparedSources (built once for many calls), mesh_sources
+                                                                (imports the sums and kernels)
     direct, tree, harmonic, near_field, points, clustered
                  the sums side by side: direct O(N·T), tree pruning, Funk–Hecke expansion, the
                  near-field cell integrals, a few point sources added exactly to a finished
@@ -22,6 +23,7 @@ from .field import (
            DEFAULT_TOL,
            METHODS,
            AttentionField,
+           PreparedSources,
            attention_field,
            choose_method,
            mesh_sources,
@@ -29,6 +31,6 @@ from .field import (
 from .kernels import project_velocity, source_arrays
 from .near_field import NearField, table_bytes
 
-__all__ = ["attention_field", "AttentionField", "mesh_sources", "choose_method", "METHODS", "DEFAULT_TOL",
+__all__ = ["attention_field", "AttentionField", "PreparedSources", "mesh_sources", "choose_method", "METHODS", "DEFAULT_TOL",
            "NearField", "table_bytes", "project_velocity", "zero_temperature_field", "softmax_blocked",
            "softmax_direct_reference", "source_arrays"]

@@ -57,7 +57,7 @@ from .kernels import (
 from .near_field import NearField, table_bytes
 
 __all__ = ["attention_field", "choose_method", "METHODS", "DEFAULT_TOL", "AttentionField", "mesh_sources",
-           "tree_cap_fraction"]
+           "tree_cap_fraction", "PreparedSources"]
 
 METHODS = ("auto", "direct", "tree", "harmonic", "clustered")
 DEFAULT_TOL = 1e-10
@@ -102,9 +102,34 @@ def choose_method(model, targets, nsources, tol=DEFAULT_TOL):
     return "harmonic" if harmonic_cost < ntarget * nsources else "direct"
 
 
+class PreparedSources:
+    """The source arrays of attention_field for one measure, built once for many calls with
+    other targets (the paths of spherepde.solvers.tails evaluate one frozen field at the
+    points of every RK4 stage and of every coupling that traces back through it).
+
+    sources (N, 3), masses (N,) as attention_field takes them; holds the contiguous sources,
+    kernels.source_arrays of them, whether they are unit vectors, and the tree of
+    spherepde.summation.tree once a call has needed it. Memory: about 10·N floats with the
+    tree. Answers are those of attention_field without it, to the last bit."""
+
+    def __init__(self, sources, masses):
+        self.sources = np.ascontiguousarray(sources, dtype=float)
+        self.masses = masses
+        self.arrays = source_arrays(self.sources, masses)  # (soa, sample, rmax)
+        self.unit = bool(np.abs(np.einsum("ij,ij->i", self.sources, self.sources) - 1.0).max() <= 1e-12)
+        self.ln_top = float(np.log(np.max(masses)))
+        self._tree = None
+
+    def tree(self):
+        """The SourceTree of these sources (built on first use)."""
+        if self._tree is None:
+            self._tree = tree.SourceTree(self.sources, self.masses, soa=self.arrays[0])
+        return self._tree
+
+
 def attention_field(model, sources, masses, targets, want_div=False, out=None, method="auto",
                     tol=DEFAULT_TOL, stats=None, near=None, route=None, log_partition=None, may_cluster=False,
-                    added_log_partition=None):
+                    added_log_partition=None, prepared=None):
     """Velocity v (T, 3), divergence div_S v (T,) (or None) and softmax mean m_β (T, 3).
 
     The field follows model.normalisation: softmax, v = P_x(V m_β); or unnormalised,
@@ -142,7 +167,11 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
     these sums exactly afterwards (spherepde.summation.points: the atoms of split sums). The
     harmonic sums then hold each target to tol relative to Z + Z_add, the partition function of
     the whole measure (harmonic.harmonic_softmax); the other methods are within tol of Z anyway.
+    prepared: None, or the PreparedSources of these very sources and masses (checked by
+    identity): their arrays and tree are reused instead of built for this call.
     """
+    if prepared is not None and (prepared.sources is not sources or prepared.masses is not masses):
+        raise ValueError("prepared was built for other sources or masses: pass prepared.sources, prepared.masses")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not (0 < tol < 1):
@@ -164,6 +193,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         logz[:] = np.nan  # β = ∞: no partition function (Z diverges or vanishes)
         return velocity, (divergence if want_div else None), None
     sources = np.ascontiguousarray(sources, dtype=float)
+    source_tree = None if prepared is None else prepared.tree
     groups = _clustered_groups(model, sources, masses, want_div, near, tol, method, may_cluster)
     if groups is not None:
         method = "clustered"
@@ -171,12 +201,14 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
         method = "direct"  # asked for, but the divergence (or a near field) needs every source
     if method == "auto":
         method = choose_method(model, targets, sources.shape[0], tol)
-    if method in ("tree", "harmonic") and np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() > 1e-12:
+    if method in ("tree", "harmonic") and not (
+            prepared.unit if prepared is not None
+            else np.abs(np.einsum("ij,ij->i", sources, sources) - 1.0).max() <= 1e-12):
         method = "direct"  # the caps of the tree bound ⟨a, y⟩, and Funk–Hecke needs, unit vectors y
     if method == "harmonic" and near is not None and near.active:
         method = "direct"  # the harmonic sums are uncentred: no near-field correction there
-    soa, sample, rmax = source_arrays(sources, masses)
-    ln_top = float(np.log(np.max(masses))) if logz.size else 0.0
+    soa, sample, rmax = source_arrays(sources, masses) if prepared is None else prepared.arrays
+    ln_top = (float(np.log(np.max(masses))) if prepared is None else prepared.ln_top) if logz.size else 0.0
     near_cells, near_delta, log2_factor = _near_arrays(near, masses, sources.shape[0], ntarget)
     BT = np.ascontiguousarray(model.B.T)
     # the fast kernels' exponents λ + ⟨a, y − â⟩ − shift are bounded by 2|a|(r_max + 1) + max|λ|
@@ -195,7 +227,8 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
             stats["groups"] = groups.count
     elif method == "tree":
         fallbacks = tree.tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity,
-                                   divergence, mean, near_cells, near_delta, log2_factor, logz)
+                                   divergence, mean, near_cells, near_delta, log2_factor, logz,
+                                   source_tree=source_tree)
         if stats is not None:
             stats["fallbacks"] = fallbacks
     elif method == "harmonic":
@@ -203,7 +236,7 @@ def attention_field(model, sources, masses, targets, want_div=False, out=None, m
                                                                  tol, velocity, divergence, mean, route, logz,
                                                                  added_log_partition)
         redo, how = _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, left,
-                           velocity, divergence, mean, logz, ln_top)
+                           velocity, divergence, mean, logz, ln_top, source_tree)
         if stats is not None:
             stats["handed_back"] = handed
             stats["degree"] = degree
@@ -237,10 +270,10 @@ def _clustered_groups(model, sources, masses, want_div, near, tol, method, may_c
 
 
 def _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, redo, velocity,
-           divergence, mean, logz, ln_top):
+           divergence, mean, logz, ln_top, source_tree=None):
     """Re-sum the targets redo (indices) that the harmonic sums handed back, by the tree or the
     direct sum (and their log Z, if logz is not empty; ln_top = ln max μ); returns (their number,
-    "tree" or "direct" or None)."""
+    "tree" or "direct" or None). source_tree: None, or a callable giving the sources' SourceTree."""
     if not redo.size:
         return 0, None
     n = redo.size
@@ -250,7 +283,8 @@ def _resum(model, sources, masses, targets, soa, sample, rmax, want_div, tol, re
     # targets), the tree beats the direct sum already at moderate β (β = 30: 1.6×)
     if (soa.shape[1] >= TREE_MIN_SOURCES  # the sources with positive mass
             and tree_cap_fraction(model, redo_targets, tol) < FALLBACK_TREE_CAP_FRACTION):
-        tree.tree_sums(model, sources, masses, soa, redo_targets, tol, want_div, *out[:3], logz=out[3])
+        tree.tree_sums(model, sources, masses, soa, redo_targets, tol, want_div, *out[:3], logz=out[3],
+                       source_tree=source_tree)
         how = "tree"
     else:
         how = "direct"

@@ -336,11 +336,13 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
 
 
 def tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity, divergence, mean,
-              near_cells=None, near_delta=None, log2_factor=None, logz=None):
+              near_cells=None, near_delta=None, log2_factor=None, logz=None, source_tree=None):
     """The tree sums of attention_field (soa from kernels.source_arrays of sources, masses),
     written into velocity, divergence and mean; near_cells, near_delta, log2_factor: the
     near-field corrections (kernels.add_near_field; None: none); logz: None, or an array (T,)
-    that receives log Z. Returns the number of targets the tree summed directly."""
+    that receives log Z; source_tree: None (the SourceTree built here), or a callable that
+    returns the SourceTree of these sources (built once for many calls). Returns the number of
+    targets the tree summed directly."""
     ntarget = targets.shape[0]
     if near_cells is None:
         near_cells, near_delta, log2_factor = no_near_field(ntarget)
@@ -349,7 +351,7 @@ def tree_sums(model, sources, masses, soa, targets, tol, want_div, velocity, div
         logz = no_log_partition()
     elif logz.size:
         ln_top = float(np.log(np.max(masses)))
-    tree = SourceTree(sources, masses, soa=soa)  # soa: already built by the caller
+    tree = SourceTree(sources, masses, soa=soa) if source_tree is None else source_tree()  # soa: the caller's
     fallbacks = np.zeros(ntarget, dtype=np.int8)
     tree_softmax(targets, np.ascontiguousarray(model.B.T), model.beta, tree.soa, tree.depth,
                  tree.level_offset, tree.node_start, tree.node_end, tree.node_centre,

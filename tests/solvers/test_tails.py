@@ -911,3 +911,37 @@ def test_the_field_between_couplings_can_be_the_states_after_the_steps():
     xa, ma = states[0.05][1]
     for got_part, want in zip(got, tails._field_of_points(f_s, xa, a * ma)(x)):
         assert got_part == pytest.approx(want, rel=1e-12, abs=1e-14)
+
+
+def test_each_time_of_the_paths_builds_its_sums_once():
+    """The backtracked maps through the steps' states (β = 30, nside 8): every coupling traces
+    its paths through the same step boundaries as the couplings before, so the field at each time
+    is made once and its sums' sources once (PreparedSources): far fewer builds than attention
+    sums, and g bit for bit that of the paths that build every field anew."""
+    import spherepde.solvers.tails as tails_module
+
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    f0 = LAW.cell_averages(mesh)
+    options = {"paths": "backtrack", "between": "steps", "anchor": 5.0, "path_step": 0.05,
+               "reference": "clusters"}
+    g, counts = {}, {}
+    real_once, real_prepared, real_sums = tails_module._per_time, tails_module.PreparedSources, tails_module.attention_field
+    try:
+        for name in ("once", "anew"):
+            built, sums = [], []
+            tails_module._per_time = real_once if name == "once" else (lambda field_at: field_at)
+            tails_module.PreparedSources = lambda *a: built.append(1) or real_prepared(*a)
+            tails_module.attention_field = lambda *a, **k: sums.append(1) or real_sums(*a, **k)
+            solver = EulerianSolver(mesh, model, atoms={}, tails=options)
+            for _, t, f, rec in solver.snapshots(f0, [0.0, 0.4, 0.8]):
+                g[name, t] = solver.tails.g.copy()
+            counts[name] = len(built), len(sums)
+    finally:
+        tails_module._per_time, tails_module.PreparedSources = real_once, real_prepared
+        tails_module.attention_field = real_sums
+    for t in (0.4, 0.8):
+        assert np.array_equal(g["once", t], g["anew", t])
+    assert counts["once"][1] == counts["anew"][1]  # the same sums ...
+    assert 4 * counts["once"][0] < counts["once"][1]  # ... from far fewer builds
+    assert counts["once"][0] < counts["anew"][0] / 2, counts
