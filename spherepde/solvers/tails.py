@@ -68,7 +68,8 @@ from .guards import RunFailure
 from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, advance_log_density, compose_paths,
                                          trace_back, unit_rows)
 
-__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
+__all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "subcell_centres",
+           "log_linear_masses", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
            "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES", "TAIL_FIELD_BETWEEN", "TAIL_STATE_SPACING"]
 
@@ -145,6 +146,27 @@ def subcells_for(mesh, model) -> int:
     # at most MAX_SUBCELLS² sources per cell: memory and sums stay O(npix) (beyond, the spacing
     # exceeds the kernel width and the sums lose accuracy, not validity)
     return 1 if sigma >= h else min(2 ** math.ceil(math.log2(h / sigma)), MAX_SUBCELLS)
+
+
+def subcell_centres(nside: int, subcells: int):
+    """The centres (npix·k², 3) of the k × k children of every cell of a NESTED nside mesh, cell by
+    cell (the children of cell c are rows c·k² … (c + 1)·k² − 1), k = subcells (a power of two)."""
+    fine = nside * subcells
+    return np.ascontiguousarray(np.stack(hp.pix2vec(fine, np.arange(12 * fine * fine), nest=True), axis=1))
+
+
+def log_linear_masses(interpolant, children, subcells, f, area):
+    """The masses of the children (subcell_centres) of cells with densities f and area A: each cell's mass
+    f_c·A shared among its k² children as the log-linear profile of ln f over the cell,
+    e^{⟨∇ln f, y − c⟩} normalised to mean 1 (PolynomialInterpolant.slopes of ln f; no slope
+    where f = 0)."""
+    k2 = subcells**2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slopes = interpolant.slopes(np.log(np.asarray(f)))
+    offsets = children.reshape(-1, k2, 3) - interpolant.centroids[:, None, :]
+    profile = np.exp(np.einsum("csk,ck->cs", offsets, slopes))
+    profile /= profile.mean(axis=1, keepdims=True)
+    return (f[:, None] * profile).ravel() * (area / k2)
 
 
 def coupling_times(t0: float, t1: float, interval: float) -> list[float]:
@@ -282,9 +304,7 @@ class LogTails:
         # sources at the centres of k × k children, k the power of two with h/k ≤ σ (field_of)
         self.subcells = subcells_for(mesh, model) if profile == "log_linear" else 1
         if self.subcells > 1:
-            fine = mesh.nside * self.subcells
-            self._children = np.ascontiguousarray(np.stack(hp.pix2vec(fine, np.arange(mesh.npix * self.subcells**2),
-                                                                       nest=True), axis=1))
+            self._children = subcell_centres(mesh.nside, self.subcells)
         # the neighbourhood of an atom kept by the finite volumes: `exclusion` cells, and at least
         # `exclusion_width` kernel widths, so that it can cover a cluster's basin on every mesh
         if not exclusion_width >= 0.0:
@@ -316,13 +336,8 @@ class LogTails:
     def _field_of_points(self, f, x, m):
         """field_of for cell densities f and atoms at x (n, 3) with masses m (None: no atoms)."""
         if self.subcells > 1:
-            k2 = self.subcells**2
-            with np.errstate(divide="ignore", invalid="ignore"):
-                slopes = self.interpolant.slopes(np.log(np.asarray(f)))
-            offsets = self._children.reshape(-1, k2, 3) - self.interpolant.centroids[:, None, :]
-            profile = np.exp(np.einsum("csk,ck->cs", offsets, slopes))
-            profile /= profile.mean(axis=1, keepdims=True)
-            cell_sources = (self._children, (f[:, None] * profile).ravel() * (self.mesh.area / k2))
+            cell_sources = (self._children, log_linear_masses(self.interpolant, self._children, self.subcells, f,
+                                                                 self.mesh.area))
             sources = cell_sources[0] if x is None else np.concatenate([cell_sources[0], x])
             masses = cell_sources[1] if m is None else np.concatenate([cell_sources[1], m])
         else:

@@ -43,11 +43,17 @@ SAVE_EVERY = 0.05  # the runs' snapshot interval: the reference's time step (f_c
 # f_char's RK4 step: 0.007 decades from its limit at t = 8 in the defaults' run, 0.06 where atoms are
 # made and merged at t ≈ 7 (docs/numerics.md, "What is left at t = 8 with the field of the measure")
 REFERENCE_STEP = 0.025
+BETA = 30.0  # the runs' inverse temperature unless `--beta` says otherwise
 
 
 def _saves_tag(save_every):
     """The suffix of the run and report files of runs saved other than every SAVE_EVERY."""
     return "" if save_every == SAVE_EVERY else f"_saves{save_every:g}"
+
+
+def _beta_tag(beta):
+    """The infix of the run and report files of runs at β other than BETA."""
+    return "" if beta == BETA else f"beta{beta:g}_"
 
 
 def _step_tag(reference_step):
@@ -58,21 +64,44 @@ def _step_tag(reference_step):
 class SavedField:
     """The attention field of a run's saved measure (cells + atoms), linear in time between
     snapshots. An atom created within an interval enters with its mass ramped from 0, one merged
-    away leaves with its mass ramped to 0, so the measure's mass is linear in time too."""
+    away leaves with its mass ramped to 0, so the measure's mass is linear in time too.
+
+    Where the kernel is narrower than a cell (β = 1000 below nside 64: solvers.tails.subcells_for)
+    each cell is the k × k sources of its children with the log-linear profile of ln f, as g's
+    paths take it (solvers.tails.log_linear_masses), summed by the tree (certified to 1e-10 of Z);
+    else the cell centres, summed directly. The sums' sources are built once per time (the RK4
+    stages meet each time twice or more)."""
 
     def __init__(self, ds, mesh, model):
+        from ..solvers.tails import subcell_centres, subcells_for
+        from ..transport.semi_lagrangian import PolynomialInterpolant
+
         self.mesh, self.model = mesh, model
         self.times = ds["time"].values
         self.density = ds["density"].values
         self.atom_position = ds["atom_position"].values if "atom_position" in ds else None
         self.atom_mass = ds["atom_mass"].values if "atom_mass" in ds else None
+        self.subcells = subcells_for(mesh, model)
+        if self.subcells > 1:
+            self._interpolant = PolynomialInterpolant(mesh)
+            self._children = subcell_centres(mesh.nside, self.subcells)
+        self._prepared = {}  # s → PreparedSources of the measure at s (the last few times only)
+
+    def _cells(self, f):
+        """(sources, masses) of the cells with densities f."""
+        if self.subcells == 1:
+            return self.mesh.centroids, f * self.mesh.area
+        from ..solvers.tails import log_linear_masses
+
+        return self._children, log_linear_masses(self._interpolant, self._children, self.subcells, f, self.mesh.area)
 
     def measure(self, s):
         t = self.times
         i = int(np.clip(np.searchsorted(t, s, side="right") - 1, 0, len(t) - 2))
         a = (s - t[i]) / (t[i + 1] - t[i])
-        sources = [self.mesh.centroids]
-        masses = [((1 - a) * self.density[i] + a * self.density[i + 1]) * self.mesh.area]
+        cells = self._cells((1 - a) * self.density[i] + a * self.density[i + 1])
+        sources = [cells[0]]
+        masses = [cells[1]]
         if self.atom_mass is not None:
             m0, m1 = self.atom_mass[i], self.atom_mass[i + 1]
             both = (m0 > 0) & (m1 > 0)
@@ -90,10 +119,15 @@ class SavedField:
         return np.concatenate(sources), np.concatenate(masses)
 
     def __call__(self, y, s):
-        from spherepde.summation import attention_field
+        from spherepde.summation import PreparedSources, attention_field
 
-        sources, masses = self.measure(s)
-        v, div, _ = attention_field(self.model, sources, masses, y, want_div=True, method="direct")
+        if s not in self._prepared:
+            if len(self._prepared) >= 4:  # an RK4 step meets three times, the next step starts at its last
+                self._prepared.pop(next(iter(self._prepared)))
+            self._prepared[s] = PreparedSources(*self.measure(s))
+        p = self._prepared[s]
+        v, div, _ = attention_field(self.model, p.sources, p.masses, y, want_div=True,
+                                    method="direct" if self.subcells == 1 else "auto", prepared=p)
         return v, div
 
 
@@ -132,15 +166,28 @@ def weight_share(model, mesh, f, atom_position, atom_mass, away=0.0):
     return wc / (wc + wa)
 
 
-def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY):
-    """The β = 30 run of solvers/atoms_base.toml at nside to t_end, snapshots every save_every (reused
-    when complete and of the same config); tails: with `[eulerian] tails = "log"` (True: its
-    defaults; a list: those overrides too, e.g. `eulerian.tail_anchor=0.0`)."""
+def _subcells(nside, beta):
+    """Children per cell side of SavedField for the runs at nside and β (solvers.tails.subcells_for)."""
+    from ..geometry.mesh import HealpixMesh
+    from ..runner import config as C
+    from ..runner.build import build_model
+    from ..solvers.tails import subcells_for
+
+    model = C.resolve(C.apply_overrides(C.load(REPO / "solvers" / "atoms_base.toml"), [f"model.beta={float(beta)!r}"]))["model"]
+    return subcells_for(HealpixMesh(nside), build_model(model).single_head)
+
+
+def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY, beta=BETA):
+    """The run of solvers/atoms_base.toml at β (default 30) and nside to t_end, snapshots every
+    save_every (reused when complete and of the same config; an interrupted one resumed); tails:
+    with `[eulerian] tails = "log"` (True: its defaults; a list: those overrides too, e.g.
+    `eulerian.tail_anchor=0.0`)."""
     from ..runner import config as C
     from ..runner.run import execute
     from ..storage.runfile import open_run
 
-    over = [f"eulerian.nside={nside}", "model.beta=30.0", f"time.t_end={t_end}", f"time.save_every={save_every}"]
+    over = [f"eulerian.nside={nside}", f"model.beta={float(beta)!r}", f"time.t_end={t_end}",
+            f"time.save_every={save_every}"]
     if save_every < 0.05:  # the quadrature particles' RK4 step (0.05) may not exceed the save interval
         over.append(f"particles.dt={save_every}")
     if tails is not False:
@@ -159,24 +206,25 @@ def ensure_run(path, nside, t_end, say=print, tails=False, save_every=SAVE_EVERY
             path.unlink()
     t0 = time.perf_counter()
     execute(cfg, str(path), progress=False, log=None, resume=resume)
-    say(f"  run: nside {nside}, β = 30, t ≤ {t_end:g} in {time.perf_counter() - t0:.0f} s")
+    say(f"  run: nside {nside}, β = {beta:g}, t ≤ {t_end:g} in {time.perf_counter() - t0:.0f} s")
     return cfg, open_run(path)
 
 
 def measure(nside, times, out, say=print, tails=False, label=None, save_every=SAVE_EVERY, tag="",
-            reference_step=REFERENCE_STEP):
+            reference_step=REFERENCE_STEP, beta=BETA):
     """Table rows (per t) of the comparison at one mesh: cells per band with the quantiles of
     log₁₀(f_mesh / f_char), the leaked mass, and the weight shares; tails (False, True or a list of
     overrides, as ensure_run's): of the run with the
     tails from log f (then every row starts with `label`, the state's name, and ends with the
     90th percentile of |log₁₀(f_mesh / f_char)| over the background cells, farther than AWAY
     from every atom, whose f_char is below 10⁻⁴); tag: the run file's name after
-    "background_run_" (RUN_FILE_TAGS); reference_step: f_char's RK4 step."""
+    "background_run_" (RUN_FILE_TAGS); reference_step: f_char's RK4 step; beta: the runs' β
+    (the file name says it when not 30)."""
     from ..geometry.mesh import HealpixMesh
     from ..runner.build import build_initial_law, build_model
 
-    name = f"background_run_{tag}nside{nside}{_saves_tag(save_every)}.nc"
-    cfg, ds = ensure_run(out / name, nside, max(times), say, tails, save_every)
+    name = f"background_run_{tag}{_beta_tag(beta)}nside{nside}{_saves_tag(save_every)}.nc"
+    cfg, ds = ensure_run(out / name, nside, max(times), say, tails, save_every, beta)
     model, law = build_model(cfg["model"]).single_head, build_initial_law(cfg["initial"])
     mesh = HealpixMesh(nside)
     field = SavedField(ds, mesh, model)
@@ -395,13 +443,14 @@ RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_",
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY,
-                 reference_step=REFERENCE_STEP):
+                 reference_step=REFERENCE_STEP, beta=BETA):
     """OUT/background_tails.md (default validation/reports/tails/): the same comparison for the
     finite volumes and for `[eulerian] tails = "log"` side by side (issue 37's finite-β
     self-consistency: the target is a 90th percentile of |log₁₀(f_mesh / f_char)| ≤ 0.05). states:
     indices into TAIL_STATES (default all); save_every other than 0.05 writes
     background_tails_saves<save_every>.md from runs saved that often; reference_step (f_char's RK4
-    step) other than 0.025 adds _step<reference_step> to the report's name."""
+    step) other than 0.025 adds _step<reference_step> to the report's name; beta other than 30
+    puts beta<β>_ before the nside in the names of the report and the runs."""
     out = Path(out) if out else REPO / "validation" / "reports" / "tails"
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -409,17 +458,18 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         for k, (label, tails) in enumerate(TAIL_STATES.items()):
             if states is None or k in states:
                 rows += measure(nside, times, out, say, tails=tails, label=label, save_every=save_every,
-                                tag=RUN_FILE_TAGS[label], reference_step=reference_step)[0]
+                                tag=RUN_FILE_TAGS[label], reference_step=reference_step, beta=beta)[0]
     head = " | ".join(f"f_char in 1e[{lo}, {hi})" for lo, hi in BANDS)
     lines = [
-        "# The background at β = 30 against its own characteristics: finite volumes and tails from log f", "",
+        f"# The background at β = {beta:g} against its own characteristics: finite volumes and tails from log f", "",
         f"Written by `python -m spherepde.validation.background --tails --nside {' '.join(map(str, nsides))}"
         + ("" if not states else f" --states {' '.join(map(str, states))}")
         + ("" if tuple(times) == (2.0, 4.0, 6.0, 8.0) else f" --t {' '.join(f'{t:g}' for t in times)}")
         + ("" if save_every == SAVE_EVERY else f" --save-every {save_every:g}")
-        + ("" if reference_step == REFERENCE_STEP else f" --reference-step {reference_step:g}") + "` "
+        + ("" if reference_step == REFERENCE_STEP else f" --reference-step {reference_step:g}")
+        + ("" if beta == BETA else f" --beta {beta:g}") + "` "
         f"({time.strftime('%Y-%m-%d')}). The run of validation/reports/atoms/background.md (projected-normal law "
-        f"of solvers/atoms_base.toml, β = 30, atoms, snapshots every {save_every:g}) with the finite volumes alone and with "
+        f"of solvers/atoms_base.toml, β = {beta:g}, atoms, snapshots every {save_every:g}) with the finite volumes alone and with "
         "`[eulerian] tails = \"log\"`: couplings every 0.2 (level relative to the mesh's largest f, "
         "g interpolated at anchors every 1.0 with the composed maps between them), couplings every 0.05 with the "
         "level relative to the clusters' peaks (`tail_interval = 0.05`, `tail_reference = \"clusters\"`), and "
@@ -431,7 +481,11 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "decades); and the retraced paths through the states after every finite-volume step (`tail_substeps = 4`); "
         "the later states as their first column names them (`tail_step_states = \"atom_events\"`: through every step's state only "
         "in the coupling intervals where an atom was made or merged; `tail_path_step`: the paths' RK4 step). f_char: the density carried along the backward "
-        "characteristics of each run's own field (cells and atoms, linear in time between snapshots; RK4, "
+        "characteristics of each run's own field (cells and atoms, linear in time between snapshots; "
+        + ("" if not _subcells(min(nsides), beta) > 1 else
+           "each cell summed as the sub-cell sources with the log-linear profile of ln f that g's paths use where "
+           "the kernel is narrower than a cell, by the tree to 1e-10 of the partition function; ")
+        + "RK4, "
         f"dt = {reference_step:g}). Per band of f_char: cells, median of log₁₀(f_mesh / f_char) (10th, 90th percentile); "
         "the mesh mass where f_mesh > 10 f_char; then the 90th percentile of |log₁₀(f_mesh / f_char)| "
         f"over the background cells (farther than {AWAY} rad from every atom) with f_char < 10⁻⁴, and their "
@@ -442,7 +496,7 @@ def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=prin
         "halving; later, atoms made or merged within a save interval make it an O(Δt) error, docs/numerics.md).", "",
         f"| state | nside | t | mesh mass | {head} | mass with f_mesh > 10 f_char | background p90 (cells) | g p90 | f_char, saves {2 * save_every:g} against {save_every:g}, p90 |",
         "|---|---|---|---|" + "---|" * len(BANDS) + "---|---|---|---|", *rows, ""]
-    path = out / f"background_tails{_saves_tag(save_every)}{_step_tag(reference_step)}.md"
+    path = out / f"background_tails{'_' + _beta_tag(beta)[:-1] if beta != BETA else ''}{_saves_tag(save_every)}{_step_tag(reference_step)}.md"
     path.write_text("\n".join(lines))
     say(f"  wrote {path}")
     return path
@@ -541,6 +595,8 @@ def main(argv=None):
     parser.add_argument("--reference-step", type=float, default=REFERENCE_STEP,
                         help="with --tails: f_char's RK4 step (default 0.025; 0.0125 to certify t = 8 where atoms "
                              "are made and merged late)")
+    parser.add_argument("--beta", type=float, default=BETA,
+                        help="with --tails: the runs' β (default 30; the file names say it otherwise)")
     parser.add_argument("--sampling", metavar="RUNFILE", default=None,
                         help="instead: how the reference of RUNFILE (a --tails run) depends on the snapshots "
                              "its field is sampled from, at the times --t (reference_sampling)")
@@ -550,8 +606,10 @@ def main(argv=None):
     elif args.tails:
         if not args.reference_step > 0:
             parser.error(f"--reference-step must be > 0, got {args.reference_step:g}")
+        if not args.beta > 0:
+            parser.error(f"--beta must be > 0, got {args.beta:g}")
         tails_report(tuple(args.nside), tuple(args.t), args.out, states=args.states, save_every=args.save_every,
-                     reference_step=args.reference_step)
+                     reference_step=args.reference_step, beta=args.beta)
     else:
         report(tuple(args.nside), tuple(args.t), args.out)
 

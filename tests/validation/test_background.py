@@ -1,6 +1,7 @@
 """spherepde.validation.background: the density along backward characteristics equals the exact β = ∞
 push-forward density (spherepde.analysis.exact), and the softmax share of the cells is the plain ratio."""
 
+import healpy as hp
 import numpy as np
 import pytest
 
@@ -214,3 +215,39 @@ def test_reference_sampling_sees_only_a_measure_that_is_not_linear_in_time():
     r = reference_sampling(_run_dataset(mesh, bent, times), mesh, model, law, 0.8, strides=(4, 2, 1), dt=0.05)
     assert min(r["against_finest"].values()) > 1e-3
     assert r["g"] == {}
+
+
+def test_at_beta_1000_the_reference_sums_the_cells_as_gs_paths_do(tmp_path):
+    """Where the kernel is narrower than a cell (β = 1000, nside 8: 8 × 8 children per cell) the
+    reference's field at a snapshot is the field LogTails gives g's paths for the same measure
+    (the sub-cell sources with the log-linear profile of ln f), to the tree's 1e-10; and between
+    two snapshots that of the linear measure. The β = 30 field sums the cell centres, as before.
+    The report of runs at β ≠ 30 says so in its name, title and command line."""
+    import xarray as xr
+
+    from spherepde.solvers.tails import LogTails
+    from spherepde.validation.background import SavedField, tails_report
+
+    mesh = HealpixMesh(8)
+    model = AttentionModel(B=PAPER_B, V=PAPER_V, beta=1000.0)
+    rng = np.random.default_rng(7)
+    f0 = 10.0 ** rng.uniform(-14, 0, mesh.npix)
+    f1 = f0 * 10.0 ** rng.uniform(-1, 1, mesh.npix)
+    pos = np.array([[[0.6, 0.0, 0.8]], [[0.0, 0.6, 0.8]]])
+    mass = np.array([[0.3], [0.4]])
+    ds = xr.Dataset({"density": (("time", "cell"), np.stack([f0, f1])),
+                     "atom_position": (("time", "atom", "xyz"), pos),
+                     "atom_mass": (("time", "atom"), mass)}, coords={"time": [2.0, 2.1]})
+    field = SavedField(ds, mesh, model)
+    tails = LogTails(mesh, model, profile="log_linear")
+    assert field.subcells == tails.subcells == 8
+    y = np.ascontiguousarray(np.stack(hp.pix2vec(8, np.arange(0, mesh.npix, 5), nest=True), axis=1))
+    for s, f, x, m in ((2.0, f0, pos[0], mass[0]), (2.05, 0.5 * (f0 + f1), np.array([[0.3, 0.3, 0.8]]), [0.35])):
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        for got, want in zip(field(y, s), tails._field_of_points(f, x, np.asarray(m))(y)):
+            np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-9)
+    assert SavedField(ds, mesh, AttentionModel(B=PAPER_B, V=PAPER_V, beta=30.0)).subcells == 1
+    tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], beta=1000.0)
+    text = (tmp_path / "background_tails_beta1000.md").read_text()
+    assert text.startswith("# The background at β = 1000") and "--t 8 --beta 1000`" in text
+    assert "sub-cell sources" in text
