@@ -398,6 +398,9 @@ STEPS = 'eulerian.tail_field_between="steps"'
 # the composed maps traced on through the coupling before where a map does not resolve the path
 # (tail_paths = "backtrack"), anchors 5.0 apart, RK4 steps of 0.05
 BACKTRACK = ('eulerian.tail_paths="backtrack"', "eulerian.tail_anchor=5.0", "eulerian.tail_path_step=0.05")
+# g's paths by Heun's trapezoidal rule: the field at each step's ends only (2n + 1 sums for n steps, RK4
+# 5n + 1), second order as the field linear in time between recorded states is
+HEUN = 'eulerian.tail_path_scheme="heun"'
 TAIL_STATES = {"finite volumes + atoms": False,
                "tails from log f, couplings every 0.2, followed unbounded": [UNBOUNDED],
                "tails from log f, couplings every 0.05, level relative to the clusters' peaks": [*CLUSTERS, UNBOUNDED],
@@ -426,7 +429,8 @@ TAIL_STATES = {"finite volumes + atoms": False,
                    [CELLS_ONLY, MEASURE, *BACKTRACK],
                "the backtracked maps through the states after the steps": [CELLS_ONLY, STEPS, *BACKTRACK],
                "the same, couplings every 0.05 at the clusters' peaks": [*CLUSTERS, STEPS, *BACKTRACK],
-               "the same, couplings every 0.2 at the clusters' peaks": [CLUSTERS[0], STEPS, *BACKTRACK]}
+               "the same, couplings every 0.2 at the clusters' peaks": [CLUSTERS[0], STEPS, *BACKTRACK],
+               "the same, the paths by the trapezoidal rule (Heun)": [CLUSTERS[0], STEPS, *BACKTRACK, HEUN]}
 # the states made before the field of the measure became the default keep the fields linear between
 # couplings, as they were run (states 13 on name their field)
 LINEAR = 'eulerian.tail_field_between="linear"'
@@ -439,7 +443,8 @@ RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_",
                                        "tails_retraced_step0.025_", "tails_retraced_step0.05_",
                                        "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_",
                                        "tails_backtrack_", "tails_backtrack_steps_",
-                                       "tails_backtrack_clusters_", "tails_backtrack_peaks_")))
+                                       "tails_backtrack_clusters_", "tails_backtrack_peaks_",
+                                       "tails_backtrack_peaks_heun_")))
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY,
