@@ -97,7 +97,7 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
 def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
     command line and last column say the save intervals compared (no state run: states=[])."""
-    from spherepde.validation.background import (BACKTRACK, CELLS_ONLY, EVENTS, LINEAR, MEASURE, RETRACED,
+    from spherepde.validation.background import (BACKTRACK, CELLS_ONLY, EVENTS, HEUN, LINEAR, MEASURE, RETRACED,
                                                  RUN_FILE_TAGS, SELECTIVE, STEPS, SUBSTEPS, TAIL_STATES, UNBOUNDED,
                                                  tails_report)
 
@@ -119,7 +119,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
                                                                          "tails_retraced_"]
-    assert len(TAIL_STATES) == 20 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 21 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states made before the field of the measure became the default keep the fields linear, as run
     assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:13])
     assert not any(LINEAR in o for o in list(TAIL_STATES.values())[13:])
@@ -151,6 +151,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert states[16] == [*states[14], *BACKTRACK] and states[17] == [CELLS_ONLY, STEPS, *BACKTRACK]
     assert states[18] == [*states[2][:2], STEPS, *BACKTRACK]  # and the clusters' peaks, couplings every 0.05
     assert states[19] == [states[2][0], STEPS, *BACKTRACK]  # the clusters' peaks, couplings every 0.2
+    assert states[20] == [*states[19], HEUN]  # and the paths by the trapezoidal rule
 
 
 def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
