@@ -436,6 +436,12 @@ TAIL_STATES = {"finite volumes + atoms": False,
 LINEAR = 'eulerian.tail_field_between="linear"'
 TAIL_STATES = {label: tails if tails is False or k > 12 else [*tails, LINEAR]
                for k, (label, tails) in enumerate(TAIL_STATES.items())}
+# every state on top of the defaults `tails = "log"` had when the states were run, before the
+# backtracked maps through the steps' states (state 19) became the default (2026-12-07); "the
+# defaults" in a state's label are those
+FORMER_DEFAULTS = ('eulerian.tail_reference="mesh"', 'eulerian.tail_paths="maps"', "eulerian.tail_anchor=1.0",
+                   "eulerian.tail_path_step=0.1", 'eulerian.tail_field_between="measure"')
+TAIL_STATES = {label: tails if tails is False else [*FORMER_DEFAULTS, *tails] for label, tails in TAIL_STATES.items()}
 # each state's run file, background_run_<tag>nside<N>[_saves<S>].nc: the names the runs were first written under
 RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_", "tails_retraced_", "tails_defaults_",
                                        "tails_defaults_selective_", "tails_retraced_substeps_", "tails_retraced_events_",

@@ -97,9 +97,9 @@ def test_rescaled_state_keeps_the_total_mass_and_the_atoms_proportions():
 def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     """`--states` / `--save-every`: the report of runs saved every 0.025 goes to its own file, whose
     command line and last column say the save intervals compared (no state run: states=[])."""
-    from spherepde.validation.background import (BACKTRACK, CELLS_ONLY, EVENTS, HEUN, LINEAR, MEASURE, RETRACED,
-                                                 RUN_FILE_TAGS, SELECTIVE, STEPS, SUBSTEPS, TAIL_STATES, UNBOUNDED,
-                                                 tails_report)
+    from spherepde.validation.background import (BACKTRACK, CELLS_ONLY, EVENTS, FORMER_DEFAULTS, HEUN, LINEAR,
+                                                 MEASURE, RETRACED, RUN_FILE_TAGS, SELECTIVE, STEPS, SUBSTEPS,
+                                                 TAIL_STATES, UNBOUNDED, tails_report)
 
     tails_report((16,), (8.0,), out=tmp_path, say=lambda *_: None, states=[], save_every=0.025)
     text = (tmp_path / "background_tails_saves0.025.md").read_text()
@@ -123,7 +123,9 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     # the states made before the field of the measure became the default keep the fields linear, as run
     assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:13])
     assert not any(LINEAR in o for o in list(TAIL_STATES.values())[13:])
-    states = [o if o is False else [x for x in o if x != LINEAR] for o in TAIL_STATES.values()]
+    # every state on top of the defaults they were run with, whatever the defaults are now
+    assert all(o[:len(FORMER_DEFAULTS)] == list(FORMER_DEFAULTS) for o in list(TAIL_STATES.values())[1:])
+    states = [o if o is False else [x for x in o[len(FORMER_DEFAULTS):] if x != LINEAR] for o in TAIL_STATES.values()]
     # the states first run before the bound became the default keep their unbounded following
     assert all(UNBOUNDED in overrides for overrides in states[1:4])
     # the defaults' state as it was run: 3 cells kept around an atom, before one kernel width became the default
