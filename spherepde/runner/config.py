@@ -62,14 +62,14 @@ A config has the sections
                    (β σ_max(B))^{-1/2} wide, [0, 4]; 0: cell sizes only), tail_follow (default true:
                    between couplings the tail cells follow g's rate over the last interval;
                    false: the finite volumes move them), tail_anchor (time between two
-                   interpolations of g, default 1.0, [0, 5]: a coupling in between follows its
+                   interpolations of g, default 5.0, [0, 5]: a coupling in between follows its
                    paths back to the last one; 0: at every coupling), tail_path_step (longest RK4
-                   step of those paths, default 0.1, (0, 1]), tail_paths (how a coupling
+                   step of those paths, default 0.05, (0, 1]), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
                    path, exceeds tail_retrace_tolerance decades of g, default 0.01, (0, 1];
-                   "backtrack" composes them where the map resolves the path (its quadratic and
+                   "backtrack" (default) composes them where the map resolves the path (its quadratic and
                    cubic interpolants within tail_retrace_tolerance decades of g) and traces the
                    others on through the coupling interval before, back to the anchor at most),
                    tail_follow_bounds ("neighbours" (default): each followed tail cell stays
@@ -84,15 +84,18 @@ A config has the sections
                    (default; with tail_substeps > 1) or "atom_events", those in which an atom
                    was made or merged, tail_substeps RK4 steps between each two states),
                    tail_field_between (the field of g's paths between two couplings' states where
-                   no step's state is kept: "measure" (default), the field of the measure the
-                   solver holds then, the followed tail cells exponential in time, the rest
-                   linear: one attention sum instead of two; "linear", the two fields linear in
-                   time, as runs before 2026-12-07; "steps", the measure the solver held after
-                   its steps (recorded at least 0.0125 apart), linear in time between them),
+                   no step's state is kept: "steps" (default), the measure the solver held after
+                   its steps (recorded at least 0.0125 apart), linear in time between them;
+                   "measure", the field of the measure the solver holds then, the followed tail
+                   cells exponential in time, the rest linear between the couplings' states;
+                   "linear", the two fields linear in time, as runs before 2026-12-07),
                    tail_reference (what
-                   tail_level is relative to: "mesh", the mesh's largest f, or "clusters", the
-                   largest of it and the peak density of every atom's cluster, carried by
-                   Liouville along the atom's path; docs/numerics.md), near_field_profile (the density inside a
+                   tail_level is relative to: "mesh", the mesh's largest f, or "clusters"
+                   (default), the largest of it and the peak density of every atom's cluster,
+                   carried by Liouville along the atom's path; docs/numerics.md). The defaults
+                   before 2026-12-07 (the third of them): tail_reference "mesh", tail_paths
+                   "maps", tail_anchor 1.0, tail_path_step 0.1, tail_field_between "measure";
+                   near_field_profile (the density inside a
                    near cell of the sums at the atoms, where the kernel is narrower than a cell:
                    "constant" (f_c) | "log_linear" (f_c e^{⟨γ, y − y_c⟩}/N_c, γ the limited slope
                    of ln f); default "log_linear" with tails = "log", else "constant")
@@ -140,8 +143,8 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import (TAIL_ANCHOR, TAIL_EXCLUSION_WIDTH, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATH_STEP, TAIL_PATHS,
-                             TAIL_RETRACE_TOLERANCE, TAIL_STEP_STATES, TAIL_FIELD_BETWEEN)
+from ..solvers.tails import (TAIL_EXCLUSION_WIDTH, TAIL_FIELD_BETWEEN, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATHS,
+                             TAIL_RETRACE_TOLERANCE, TAIL_STEP_STATES)
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -170,9 +173,11 @@ DEFAULTS = {
                  "atoms": True, "atom_width": 1.3, "atom_min_mass": 1e-4, "atom_merge": 0.5, "max_atoms": 64,
                  "atom_feeding": False, "atom_stalled_width": 1.7, "atom_join": 4.0,
                  "atom_cut": None, "atom_shape": None, "tails": "finite_volume", "tail_interval": 0.2, "tail_level": 1e-3,
-                 "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True, "tail_anchor": TAIL_ANCHOR,
-                 "tail_path_step": TAIL_PATH_STEP, "tail_paths": "maps", "tail_substeps": 1, "tail_step_states": "all", "tail_field_between": "measure",
-                 "tail_reference": "mesh",
+                 "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True,
+                 # g within 0.05 decades of its own characteristics at β = 30 and 1000 (docs/numerics.md,
+                 # backtracked maps through the steps' states); LogTails' own defaults are older
+                 "tail_anchor": 5.0, "tail_path_step": 0.05, "tail_paths": "backtrack", "tail_field_between": "steps",
+                 "tail_reference": "clusters", "tail_substeps": 1, "tail_step_states": "all",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},
     "time": {"t_end": None, "save_every": None},

@@ -236,6 +236,7 @@ tails = "log"
 velocity_tolerance = 1e-3
 
 tail_interval = 0.2
+tail_anchor = 1.0  # (the default 5.0 has no anchor after t = 0 here)
 
 [time]
 t_end = 1.2
@@ -273,7 +274,8 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     assert ds["log_density"].dims == ("time", "cell") and "tail_cells" in ds and ds.attrs["tails"] == "log"
     assert np.all(np.isfinite(ds["log_density"].values))
     # saves every 0.1, couplings every 0.2: log_density is of the last coupling; g interpolated
-    # every 1.0 (the default tail_anchor): the paths of the couplings start at the last anchor
+    # every 1.0 (tail_anchor): the paths of the couplings (the defaults: backtracked maps through
+    # the steps' states) start at the last anchor
     assert ds["log_density_time"].values == pytest.approx(np.floor(ds["time"].values / 0.2 + 1e-9) * 0.2)
     assert ds["log_density_anchor"].values == pytest.approx(np.floor(ds["time"].values + 1e-9))
     interrupt_after(cfg, out, 13)  # t = 0 … 1.2 minus the last: the run continues from the anchor t = 1
@@ -321,7 +323,7 @@ def test_a_run_file_with_tails_resumes_to_the_same_result(tmp_path, capsys):
     assert run_difference(out, ref) <= ROUND_OFF
     # g interpolated at every coupling (tail_anchor = 0, the files before anchors): from the last coupling
     every = tmp_path / "every.toml"
-    every.write_text(TAILS.replace("tail_interval = 0.2", "tail_interval = 0.2\ntail_anchor = 0.0"))
+    every.write_text(TAILS.replace("tail_anchor = 1.0", "tail_anchor = 0.0"))
     ref, out = tmp_path / "ref0.nc", tmp_path / "out0.nc"
     assert main(["run", str(every), "-o", str(ref)]) == 0
     assert "log_density_anchor" not in open_run(ref)  # the layout of the files before the key
@@ -352,7 +354,7 @@ def test_a_file_with_the_anchor_record_at_tail_anchor_0_resumes(tmp_path, monkey
     from spherepde.storage.schema import TAIL_META
 
     every = tmp_path / "every.toml"
-    every.write_text(TAILS.replace("tail_interval = 0.2", "tail_interval = 0.2\ntail_anchor = 0.0"))
+    every.write_text(TAILS.replace("tail_anchor = 1.0", "tail_anchor = 0.0"))
     ref, out = tmp_path / "ref.nc", tmp_path / "out.nc"
     with monkeypatch.context() as patch:  # the layout of those files
         patch.setattr(run_module, "tail_records", lambda eul: dict(TAIL_META))
@@ -521,7 +523,7 @@ def test_config_makes_atoms_for_the_tails_when_they_are_on():
     atoms stay points cut at the floor; a value given is kept either way."""
     base = {"model": {"beta": 1.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
     on = resolve({**base, "eulerian": {"tails": "log"}})["eulerian"]
-    assert (on["atom_shape"], on["atom_cut"], on["tail_paths"]) == ("sigma", "tail", "maps")
+    assert (on["atom_shape"], on["atom_cut"], on["tail_paths"]) == ("sigma", "tail", "backtrack")
     off = resolve(base)["eulerian"]
     assert (off["atom_shape"], off["atom_cut"]) == ("point", "floor")
     given = resolve({**base, "eulerian": {"tails": "log", "atom_shape": "point", "atom_cut": "floor"}})["eulerian"]

@@ -134,7 +134,7 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     anchored = tmp_path / "anchored"
     anchored.mkdir()
     cfg.write_text(cfg.read_text().replace("tail_anchor = 0.0", "tail_anchor = 1.0").replace(
-        "tail_path_step = 1.0", 'tail_path_step = 0.1\ntail_paths = "retrace"'))
+        "tail_path_step = 1.0", "tail_path_step = 0.1").replace('tail_paths = "maps"', 'tail_paths = "retrace"'))
     assert main(["run", str(cfg), "-o", str(anchored / "tails-0000.nc")]) == 0
     assert tails.import_runs(anchored, cache) == [anchored / "tails-0000.nc"]
     assert tails.hybrid_key(cache, 8, 30.0, tails.RUN_FILE_ANCHORED, "projected normal").is_file()
