@@ -49,10 +49,16 @@ couplings holds g and r of the last coupling (`log_density_time`), and a run res
 continues from the last snapshot at an anchor (`log_density_anchor`), so that it repeats the
 uninterrupted one.
 
+The keyword defaults of LogTails are those of the first runs; the configuration's
+(`[eulerian] tail_*`, spherepde.runner.config) are the backtracked maps ("backtrack", anchors 5.0
+apart, path_step 0.05) through the steps' states at the clusters' peaks.
+
 Measured (docs/numerics.md#anchors-g-interpolated-every-10): on the exact β = ∞ solution of the
 paper's matrices the 90th-percentile relative error of the tail cells at t = 8 falls from 7·10³
-(finite volumes) to 6·10⁻⁴ at nside 16 and from 1.5·10² to 1.5·10⁻⁴ at nside 32; at β = 30 the
-F-onset is not yet converged in the mesh (validation/reports/tails/hybrid.md).
+(finite volumes) to 6·10⁻⁴ at nside 16 and from 1.5·10² to 1.5·10⁻⁴ at nside 32. With the
+configuration's defaults g stays within 0.05 decades of its own characteristics to t = 8 at β = 30
+and 1000 (nside 16), and the F-onset at β = 30 moves by 0.3 % from nside 32 to 64
+(docs/numerics.md#backtracked-maps-through-the-steps-states-tail_paths--backtrack-tail_field_between--steps).
 """
 
 from __future__ import annotations

@@ -491,8 +491,8 @@ RUN_FILE_BOUNDED = RUN_FILE_CLUSTERS.replace(", spherepde run", ", followed with
 # (`tail_paths = "selective"`, `tail_anchor = 5.0`, `tail_follow_bounds = "neighbours"`)
 RUN_FILE_SELECTIVE = RUN_FILE_CLUSTERS.replace(", spherepde run", ", selective paths to anchors every 5.0, followed "
                                                                    "within the neighbours, spherepde run")
-# what `[eulerian] tails = "log"` runs by default: g interpolated at anchors 1.0 apart with the composed
-# maps between them, sigma atoms and the tail cut
+# what `[eulerian] tails = "log"` ran by default when these variants were measured (until 2026-12-07):
+# g interpolated at anchors 1.0 apart with the composed maps between them, sigma atoms and the tail cut
 DEFAULT_TAILS = {"anchor": 1.0, "path_step": 0.1, "paths": "maps", "atoms": {"shape": "sigma", "cut": "tail", "capacity": 128}}
 DEFAULTS_VARIANT = "tails from log f, coupling every 0.2 (saves every 0.2), the defaults (composed maps, sigma atoms, tail cut)"
 # g interpolated at every coupling (LogTails(anchor=0)), as before the anchors: the variants measured then
