@@ -254,3 +254,20 @@ def test_at_beta_1000_the_reference_sums_the_cells_as_gs_paths_do(tmp_path):
     text = (tmp_path / "background_tails_beta1000.md").read_text()
     assert text.startswith("# The background at β = 1000") and "--t 8 --beta 1000`" in text
     assert "sub-cell sources" in text
+
+
+def test_state_19_is_what_tails_log_runs_by_default():
+    """The configuration's defaults of `tails = "log"` are state 19's settings (the backtracked maps
+    through the steps' states at the clusters' peaks), and every state names the former defaults
+    it was run with, so its run resolves to the same config whatever the defaults are."""
+    from spherepde.runner import config as C
+    from spherepde.validation.background import FORMER_DEFAULTS, TAIL_STATES
+    from spherepde.validation.common import REPO
+
+    base = C.load(REPO / "solvers" / "atoms_base.toml")
+    state19 = list(TAIL_STATES.values())[19][len(FORMER_DEFAULTS):]
+    plain = C.resolve(C.apply_overrides(base, ['eulerian.tails="log"']))
+    assert C.resolve(C.apply_overrides(base, ['eulerian.tails="log"', *state19])) == plain
+    former = C.resolve(C.apply_overrides(base, ['eulerian.tails="log"', *FORMER_DEFAULTS]))
+    assert (former["eulerian"]["tail_paths"], former["eulerian"]["tail_anchor"]) == ("maps", 1.0)
+    assert C.difference(former, plain, ignore=()) is not None
