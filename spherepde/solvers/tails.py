@@ -134,7 +134,8 @@ TAIL_FIELD_BETWEEN = ("linear", "measure", "steps")
 # self-consistency at t = 8 reads 0.046 decades, 0.05 apart 0.085 (docs/numerics.md)
 TAIL_STATE_SPACING = 0.0125
 MAX_SUBCELLS = 16  # children per cell side for g's paths (subcells_for)
-# the weight the tree sums of g's paths may neglect, relative to Z: |Δm_β| ≤ 2e-8, far below the
+# the weight the sums of g's paths may neglect, relative to Z (tree and harmonic; direct sums are
+# exact): |Δm_β| ≤ 2e-8, far below the
 # sub-cell quadrature's own error (1e-4 of v at β = 1000, nside 16) and the paths' RK4 error, and
 # 0.65× the time of the summation's default 1e-10 (same differences: 1e-14, β = 1000, nside 16)
 PATH_SUM_TOLERANCE = 1e-8
