@@ -789,8 +789,9 @@ class LogTails:
         if self.reference == "clusters" and self.peaks is not None and atoms is not None and atoms.count:
             known = self.peaks[atoms.alive]
             known = known[np.isfinite(known)]
-            if known.size:
-                top = max(top, float(np.exp(known.max())))
+            if known.size:  # a peak past the largest float (β = 1000, t ≳ 10) is held at e^709:
+                # every mesh value is far below its level either way, and no inf enters the bounds
+                top = max(top, math.exp(min(float(known.max()), 709.0)))
         return top
 
     def peak_state(self):

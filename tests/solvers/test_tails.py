@@ -151,6 +151,16 @@ def test_the_clusters_peak_grows_by_liouville_and_the_level_does_not_fall_at_an_
         if alive.any():
             assert np.exp(peaks[alive].max()) > f.max()  # the level is above the mesh's
     assert LogTails(mesh, model, reference="clusters")._largest(np.full(mesh.npix, 0.01), None) == 0.01
+    # a peak log density past the largest float (β = 1000 after t ≈ 10) gives a finite level, silently
+    tails = LogTails(mesh, model, reference="clusters")
+    tails.peaks = np.array([800.0, np.nan])
+
+    class Atoms:
+        count, alive = 1, np.array([True, False])
+
+    with np.errstate(over="raise"):
+        top = tails._largest(np.full(mesh.npix, 0.01), Atoms())
+    assert math.isfinite(top) and top == math.exp(709.0)
 
 
 def test_tails_need_atoms_one_head_and_no_noise():
