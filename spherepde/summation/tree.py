@@ -340,15 +340,17 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
 def target_groups(targets, model, tol):
     """(order, group_start): the targets (T, 3) in the NESTED order of an nside-SORT_NSIDE grid,
     in groups of at most TARGET_GROUP within one pixel of the grid whose pixels (√(4π/12)/nside
-    rad) are about as wide as the cap the tree visits around a target, θ with
-    β|Bᵀx|(1 − cos θ) = ln(1/tol) + 5 (median |Bᵀx|): a group's cone stays about a cap wide."""
+    rad) are about half as wide as the cap the tree visits around a target, θ with
+    β|Bᵀx|(1 − cos θ) = ln(1/tol) + 5 (median |Bᵀx|): a group's cone stays within about 1.5 caps.
+    Half a cap rather than one: 1.3–1.4× faster on the centroids of nside 16 at β = 1000 (fewer
+    gathered sources per target outweigh more walks), 1.1× on scattered subsets of them."""
     pix = hp.vec2pix(SORT_NSIDE, targets[:, 0], targets[:, 1], targets[:, 2], nest=True)
     order = np.argsort(pix, kind="stable")
     pix = pix[order]
     sample = targets[:: max(1, len(targets) // 256)]
     bx = float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
     cap = math.acos(max(-1.0, 1.0 - (math.log(1.0 / tol) + 5.0) / (model.beta * bx))) if bx > 0 else math.pi
-    level = int(np.clip(round(math.log2(math.sqrt(math.pi / 3.0) / max(cap, 1e-9))), 0, math.log2(SORT_NSIDE)))
+    level = int(np.clip(round(math.log2(2.0 * math.sqrt(math.pi / 3.0) / max(cap, 1e-9))), 0, math.log2(SORT_NSIDE)))
     coarse = pix >> (2 * (int(math.log2(SORT_NSIDE)) - level))
     starts = np.flatnonzero(np.diff(coarse, prepend=-1))  # the first target of each coarse pixel
     ends = np.append(starts[1:], len(pix))
