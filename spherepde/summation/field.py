@@ -76,8 +76,7 @@ FALLBACK_TREE_CAP_FRACTION = 0.6  # re-sum the targets the harmonic sums hand ba
 def tree_cap_fraction(model, targets, tol=DEFAULT_TOL):
     """The fraction (ln(1/tol) + 5)/(2β|Bᵀx|) of the sphere that the tree visits around a target
     (median |Bᵀx| over up to 256 of the targets); inf where Bᵀx = 0."""
-    sample = np.asarray(targets)[:: max(1, len(targets) // 256)]
-    bx = float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
+    bx = tree.median_kernel_norm(model, targets)
     return (math.log(1.0 / tol) + 5.0) / (2.0 * model.beta * bx) if bx > 0 else math.inf
 
 

@@ -337,6 +337,13 @@ def tree_softmax(targets, BT, beta, soa, depth, level_offset, node_start, node_e
     return nsource
 
 
+def median_kernel_norm(model, targets):
+    """The median of |Bᵀx| over up to 256 of the targets: the scale of the kernel's exponent
+    β|Bᵀx| that sizes the cap the tree visits around a target."""
+    sample = np.asarray(targets)[:: max(1, len(targets) // 256)]
+    return float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
+
+
 def target_groups(targets, model, tol):
     """(order, group_start): the targets (T, 3) in the NESTED order of an nside-SORT_NSIDE grid,
     in groups of at most TARGET_GROUP within one pixel of the grid whose pixels (√(4π/12)/nside
@@ -347,8 +354,7 @@ def target_groups(targets, model, tol):
     pix = hp.vec2pix(SORT_NSIDE, targets[:, 0], targets[:, 1], targets[:, 2], nest=True)
     order = np.argsort(pix, kind="stable")
     pix = pix[order]
-    sample = targets[:: max(1, len(targets) // 256)]
-    bx = float(np.median(np.linalg.norm(sample @ model.B, axis=1)))
+    bx = median_kernel_norm(model, targets)
     cap = math.acos(max(-1.0, 1.0 - (math.log(1.0 / tol) + 5.0) / (model.beta * bx))) if bx > 0 else math.pi
     level = int(np.clip(round(math.log2(2.0 * math.sqrt(math.pi / 3.0) / max(cap, 1e-9))), 0, math.log2(SORT_NSIDE)))
     coarse = pix >> (2 * (int(math.log2(SORT_NSIDE)) - level))
