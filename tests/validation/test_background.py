@@ -119,7 +119,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
                                                                          "tails_retraced_"]
-    assert len(TAIL_STATES) == 21 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 22 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states made before the field of the measure became the default keep the fields linear, as run
     assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:13])
     assert not any(LINEAR in o for o in list(TAIL_STATES.values())[13:])
@@ -154,6 +154,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert states[18] == [*states[2][:2], STEPS, *BACKTRACK]  # and the clusters' peaks, couplings every 0.05
     assert states[19] == [states[2][0], STEPS, *BACKTRACK]  # the clusters' peaks, couplings every 0.2
     assert states[20] == [*states[19], HEUN]  # and the paths by the trapezoidal rule
+    assert states[21] == [*states[19], "eulerian.tail_path_step=0.1"]  # and RK4 steps of 0.1 (the last step wins)
 
 
 def test_saved_field_hands_merged_and_new_atoms_mass_over_linearly():
