@@ -195,19 +195,19 @@ class PolynomialInterpolant:
         return out
 
 
-def advance_log_density(interpolant, g, field, t, dt, substeps=1, scheme: str = "rk4"):
+def advance_log_density(interpolant, g, field, t, dt, substeps=1, scheme: str = "rk4", velocity=None):
     """g at the centroids at t + dt from g at t (module docstring). field(s, points) → (v, div).
     substeps: the path back from each centroid in that many steps of dt/substeps, or through the
     step boundaries given (trace_back; the divergence integral summed along it), g interpolated
-    once at its end, so a finer path adds no interpolation error."""
-    departure, integral = trace_back(interpolant.centroids, field, t, dt, substeps, scheme)
+    once at its end, so a finer path adds no interpolation error. velocity: as in trace_back."""
+    departure, integral = trace_back(interpolant.centroids, field, t, dt, substeps, scheme, velocity)
     return interpolant(g, departure) - integral
 
 
 PATH_SCHEMES = ("rk4", "heun")  # trace_back's integrators of the paths
 
 
-def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
+def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4", velocity=None):
     """The paths of the field that arrive at the points x (n, 3) at t + dt, traced back to t in
     `substeps` equal steps, or (an increasing sequence of times from t to t + dt) in the steps
     between them: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path).
@@ -217,7 +217,10 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
     of the step only (3 calls): second order, as the field linear in time between recorded
     states already is, at half the calls, and a field between states costs two sums. The field
     at a step's departure points is the next step's first call, made once: 5n + 1 calls for n
-    RK4 steps, 2n + 1 by the trapezoidal rule."""
+    RK4 steps, 2n + 1 by the trapezoidal rule. velocity(s, points) → v: the field's velocity
+    alone, for the stages whose div v no rule uses (RK4's second to fourth, Heun's predictor:
+    3 of the 5 calls per RK4 step); None: field's. Where it skips div v it is cheaper (the tree's
+    sums: 0.87× the time at β = 1000)."""
     if scheme not in PATH_SCHEMES:
         raise ValueError(f"scheme must be one of {PATH_SCHEMES}, got {scheme!r}")
     edges = None
@@ -227,6 +230,9 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
                 or not np.isclose(edges[0], t) or not np.isclose(edges[-1], t + dt):
             raise ValueError(f"step boundaries must increase from {t!r} to {t + dt!r}")
         substeps = edges.size - 1
+    if velocity is None:
+        def velocity(s, points):
+            return field(s, points)[0]
     h = -dt / substeps  # backward in time, from the arrival at t + dt
     integral = 0.0
     arrival = None  # the field at the start of this step (the last one's departure points), once known
@@ -240,16 +246,16 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4"):
             mid, h = 0.5 * (hi + lo), lo - hi
         k1, div1 = field(hi, x) if arrival is None else arrival
         if scheme == "heun":
-            k2 = field(lo, unit_rows(x + h * k1))[0]
+            k2 = velocity(lo, unit_rows(x + h * k1))
             departure = unit_rows(x + 0.5 * h * (k1 + k2))
             arrival = field(lo, departure)
             div0 = arrival[1]
             integral = integral - 0.5 * h * (div0 + div1)
             x = departure
             continue
-        k2 = field(mid, unit_rows(x + 0.5 * h * k1))[0]
-        k3 = field(mid, unit_rows(x + 0.5 * h * k2))[0]
-        k4 = field(lo, unit_rows(x + h * k3))[0]
+        k2 = velocity(mid, unit_rows(x + 0.5 * h * k1))
+        k3 = velocity(mid, unit_rows(x + 0.5 * h * k2))
+        k4 = velocity(lo, unit_rows(x + h * k3))
         departure = unit_rows(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
         # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
         middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)

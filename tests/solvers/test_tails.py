@@ -412,7 +412,7 @@ def _time_tagged_tails(step_states, substeps=4):
     def field_of(f, atoms):
         c = float(f[0])
 
-        def field(points):
+        def field(points, want_div=True):  # div v whether asked or not: the paths take v from it
             calls.append(c)
             mx = points @ M
             along = np.sum(points * mx, axis=1)
@@ -957,3 +957,22 @@ def test_each_time_of_the_paths_builds_its_sums_once():
     assert counts["once"][1] == counts["anew"][1]  # the same sums ...
     assert 4 * counts["once"][0] < counts["once"][1]  # ... from far fewer builds
     assert counts["once"][0] < counts["anew"][0] / 2, counts
+
+
+@pytest.mark.parametrize("beta, nside", [(1000.0, 8), (30.0, 8)])
+def test_the_paths_velocity_alone_is_the_fields(beta, nside):
+    """A state's field for g's paths asked for v alone (the RK4 stages whose div v no rule uses):
+    the sums without their second moments give the v of the full field to round-off and no div v,
+    on sub-cell sources by the tree (β = 1000: 8 × 8 children per cell) and on the cells directly
+    (β = 30)."""
+    mesh = HealpixMesh(nside)
+    model = AttentionModel(PAPER_B, PAPER_V, beta)
+    tails = LogTails(mesh, model, profile="log_linear")
+    assert tails.subcells == (8 if beta == 1000.0 else 1)
+    f = LAW.cell_averages(mesh)
+    field = tails.field_of(f, None)
+    x = mesh.centroids[::3]
+    v, div = field(x)
+    v_alone, none = field(x, False)
+    assert none is None and div is not None
+    assert np.abs(v_alone - v).max() <= 1e-13 * np.abs(v).max()

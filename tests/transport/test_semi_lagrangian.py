@@ -150,6 +150,34 @@ def path_errors(x, dt, steps, scheme):
     return np.abs(feet - exact_feet).max(), np.abs(integral - exact_integral).max(), len(calls)
 
 
+@pytest.mark.parametrize("scheme, stages", [("rk4", 3), ("heun", 1)])
+def test_a_velocity_alone_serves_the_stages_whose_div_no_rule_uses(scheme, stages):
+    """trace_back with velocity given: the stages whose div v neither Simpson's rule nor the
+    trapezoidal rule uses (RK4's second to fourth, Heun's predictor) call it instead of the field,
+    and the paths are those without it to the bit when it returns the field's v; a velocity off by
+    a constant rotation moves the departure points, so it is the one used."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(50, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    fields, velocities = [], []
+
+    def counted(s, points):
+        fields.append(s)
+        return field(s, points)
+
+    def velocity(s, points):
+        velocities.append(s)
+        return field(s, points)[0]
+
+    plain = trace_back(x, field, 0.0, 0.4, 4, scheme)
+    given = trace_back(x, counted, 0.0, 0.4, 4, scheme, velocity)
+    assert np.array_equal(plain[0], given[0]) and np.array_equal(plain[1], given[1])
+    # 5n + 1 calls for n RK4 steps, 2n + 1 by the trapezoidal rule, as without it
+    assert len(velocities) == stages * 4 and len(fields) + len(velocities) == (5 if scheme == "rk4" else 2) * 4 + 1
+    spin = trace_back(x, field, 0.0, 0.4, 4, scheme, lambda s, p: field(s, p)[0] + 0.1 * np.cross([0.0, 0.0, 1.0], p))
+    assert np.abs(spin[0] - plain[0]).max() > 1e-3
+
+
 @pytest.mark.parametrize("scheme, order, calls", [("rk4", 4, 6), ("heun", 2, 3)])
 def test_path_schemes_converge_at_their_order(scheme, order, calls):
     """trace_back over Δt = 0.4 in 2, 4, 8 steps: the observed orders of the departure points and
