@@ -64,7 +64,10 @@ A config has the sections
                    false: the finite volumes move them), tail_anchor (time between two
                    interpolations of g, default 5.0, [0, 5]: a coupling in between follows its
                    paths back to the last one; 0: at every coupling), tail_path_step (longest RK4
-                   step of those paths, default 0.05, (0, 1]), tail_paths (how a coupling
+                   step of those paths, default 0.05, (0, 1]), tail_path_tolerance (default 0: fixed
+                   steps; > 0: a step is halved on the paths whose error estimate, Simpson's rule
+                   minus the trapezoidal rule on div v, exceeds this many decades of g per unit
+                   time, [0, 1]), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
@@ -176,7 +179,7 @@ DEFAULTS = {
                  "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True,
                  # g within 0.05 decades of its own characteristics at β = 30 and 1000 (docs/numerics.md,
                  # backtracked maps through the steps' states); LogTails' own defaults are older
-                 "tail_anchor": 5.0, "tail_path_step": 0.05, "tail_paths": "backtrack", "tail_field_between": "steps",
+                 "tail_anchor": 5.0, "tail_path_step": 0.05, "tail_path_tolerance": 0.0, "tail_paths": "backtrack", "tail_field_between": "steps",
                  "tail_reference": "clusters", "tail_substeps": 1, "tail_step_states": "all",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},
@@ -743,11 +746,16 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
         raise ConfigError(f"[eulerian] tail_follow: must be true or false, got {eul['tail_follow']!r}")
     eul["tail_anchor"] = _number("eulerian", "tail_anchor", eul["tail_anchor"], low=0.0, high=5.0)
     eul["tail_path_step"] = _number("eulerian", "tail_path_step", eul["tail_path_step"], positive=True, high=1.0)
+    eul["tail_path_tolerance"] = _number("eulerian", "tail_path_tolerance", eul["tail_path_tolerance"], low=0.0,
+                                         high=1.0)
     if eul["tail_paths"] not in TAIL_PATHS:
         raise ConfigError(f'[eulerian] tail_paths: must be "retrace", "maps", "selective" or "backtrack", '
                           f'got {eul["tail_paths"]!r}')
     if eul["tail_path_scheme"] not in TAIL_PATH_SCHEMES:
         raise ConfigError(f'[eulerian] tail_path_scheme: must be "rk4" or "heun", got {eul["tail_path_scheme"]!r}')
+    if eul["tail_path_tolerance"] > 0.0 and eul["tail_path_scheme"] != "rk4":
+        raise ConfigError(f'[eulerian] tail_path_tolerance: halves RK4 steps only (tail_path_scheme "rk4"), '
+                          f'got {eul["tail_path_tolerance"]:g} with tail_path_scheme {eul["tail_path_scheme"]!r}')
     if eul["tail_follow_bounds"] not in TAIL_FOLLOW_BOUNDS:
         raise ConfigError(f'[eulerian] tail_follow_bounds: must be "none" or "neighbours", '
                           f'got {eul["tail_follow_bounds"]!r}')
@@ -1019,6 +1027,7 @@ ADDED_KEYS[("eulerian", "tail_path_scheme")] = "rk4"  # g's paths were RK4 steps
 ADDED_KEYS[("eulerian", "tail_exclusion_width")] = 0.0  # the neighbourhoods were in cells only
 ADDED_KEYS[("eulerian", "tail_step_states")] = "all"  # the substeps crossed every coupling interval
 ADDED_KEYS[("eulerian", "tail_field_between")] = "linear"  # the couplings' fields linear in time between them
+ADDED_KEYS[("eulerian", "tail_path_tolerance")] = 0.0  # g's paths in fixed steps
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -1028,7 +1037,7 @@ ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_exclusion_width", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
+             "tail_path_tolerance", "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
              "tail_path_scheme", "tail_step_states", "tail_field_between")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles

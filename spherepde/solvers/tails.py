@@ -71,8 +71,7 @@ import numpy as np
 
 from ..summation import PreparedSources, attention_field, mesh_sources
 from .guards import RunFailure
-from ..transport.semi_lagrangian import (PATH_SCHEMES, PolynomialInterpolant, advance_log_density, compose_paths,
-                                         trace_back, unit_rows)
+from ..transport.semi_lagrangian import PATH_SCHEMES, PolynomialInterpolant, compose_paths, trace_back, unit_rows
 
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "subcell_centres",
            "log_linear_masses", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
@@ -262,7 +261,7 @@ class LogTails:
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
                  follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0,
-                 step_states: str = "all", between: str = "linear"):
+                 step_states: str = "all", between: str = "linear", path_tolerance: float = 0.0):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective', 'backtrack' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
@@ -277,6 +276,11 @@ class LogTails:
             raise ValueError(f"anchor must be >= 0, got {anchor!r}")
         if path_step is not None and not path_step > 0.0:
             raise ValueError(f"path_step must be > 0, got {path_step!r}")
+        if not path_tolerance >= 0.0 or (path_tolerance > 0.0 and path_scheme != "rk4"):
+            raise ValueError(f"path_tolerance must be >= 0 (> 0 with path_scheme 'rk4' only), got {path_tolerance!r}")
+        # > 0: g's RK4 steps halved (once) on the paths whose step error estimate exceeds this many
+        # decades of g per unit time (trace_back's tolerance); 0: fixed steps of path_step
+        self.path_tolerance = float(path_tolerance)
         # g is interpolated at the anchor times only (as far apart as `anchor` allows: 0 at every
         # coupling, inf at the start only = paths "start"); a coupling in between follows its paths
         # back to the last anchor through the states of the couplings since
@@ -449,9 +453,8 @@ class LogTails:
         elif self.maps:
             self.g = g = self._composed(origin_g, field, t0, dt)
         else:
-            self.g = g = advance_log_density(self.interpolant, origin_g, field, origin_t, t - origin_t,
-                                             self._path_steps(t - origin_t, dt, origin_t), self.path_scheme,
-                                             _velocity(field))
+            departure, integral = self._trace(self.interpolant.centroids, field, origin_t, t - origin_t, dt)
+            self.g = g = self.interpolant(origin_g, departure) - integral
         self._states_kept, self._states = self._states, []
         self.rate = (g - g_before) / dt  # g's rate over the interval, which the tail follows next
         self.t = float(t)
@@ -581,8 +584,7 @@ class LogTails:
         divergence integral (interpolated), g at the anchor interpolated once at the composed
         departure points. The maps are smooth where the field is (at β = 30 its width is 0.18 rad),
         and cost one interval's paths per coupling instead of the retraced span since the anchor."""
-        here = trace_back(self.interpolant.centroids, field, t0, dt, self._path_steps(dt, dt, t0), self.path_scheme,
-                          _velocity(field))
+        here = self._trace(self.interpolant.centroids, field, t0, dt, dt)
         earlier = self._map  # None at the anchor
         self.retraced = 0
         if not self.selective or earlier is None:
@@ -595,9 +597,8 @@ class LogTails:
         if self.retraced:  # these paths whole, through the states of every coupling since the anchor: exact maps
             origin_t = self._origin[0]
             span = t0 + dt - origin_t
-            departure[retrace], integral[retrace] = trace_back(self.interpolant.centroids[retrace], field, origin_t,
-                                                               span, self._path_steps(span, dt, origin_t),
-                                                               self.path_scheme, _velocity(field))
+            departure[retrace], integral[retrace] = self._trace(self.interpolant.centroids[retrace], field,
+                                                                origin_t, span, dt)
             budget[retrace] = 0.0
         self._map = departure, integral, budget
         return self.interpolant(origin_g, departure) - integral
@@ -627,8 +628,7 @@ class LogTails:
         while todo.size:
             earlier = self._maps_since[k - 1][0] if k else self._origin[0]
             span = later - earlier
-            feet, part = trace_back(points[todo], field, earlier, span, self._path_steps(span, dt, earlier),
-                                    self.path_scheme, _velocity(field))
+            feet, part = self._trace(points[todo], field, earlier, span, dt)
             points[todo] = feet
             integral[todo] += part
             if not k:  # the anchor: its g at the feet
@@ -680,6 +680,13 @@ class LogTails:
         """The time of the last anchor: g's paths start there (a snapshot at it holds g there, and a
         run resumes from the last such snapshot)."""
         return self._origin[0]
+
+    def _trace(self, points, field, start, span, dt):
+        """g's paths from points at start + span back to start (trace_back: departure points,
+        ∫ div_S v), in the steps of _path_steps, halved where path_tolerance asks."""
+        tolerance = self.path_tolerance * math.log(10.0) if self.path_tolerance > 0.0 else None
+        return trace_back(points, field, start, span, self._path_steps(span, dt, start), self.path_scheme,
+                          _velocity(field), tolerance=tolerance)
 
     def _path_steps(self, span, dt, start):
         """RK4 steps of the paths over `span` from `start`: `substeps` per coupling interval dt

@@ -207,7 +207,8 @@ def advance_log_density(interpolant, g, field, t, dt, substeps=1, scheme: str = 
 PATH_SCHEMES = ("rk4", "heun")  # trace_back's integrators of the paths
 
 
-def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4", velocity=None):
+def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4", velocity=None, tolerance=None,
+               halvings: int = 1):
     """The paths of the field that arrive at the points x (n, 3) at t + dt, traced back to t in
     `substeps` equal steps, or (an increasing sequence of times from t to t + dt) in the steps
     between them: (departure points at t (n, 3), ∫_t^{t+dt} div_S v ds along each path).
@@ -220,9 +221,19 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4", velocity=None):
     RK4 steps, 2n + 1 by the trapezoidal rule. velocity(s, points) → v: the field's velocity
     alone, for the stages whose div v no rule uses (RK4's second to fourth, Heun's predictor:
     3 of the 5 calls per RK4 step); None: field's. Where it skips div v it is cheaper (the tree's
-    sums: 0.87× the time at β = 1000)."""
+    sums: 0.87× the time at β = 1000).
+
+    tolerance (rk4 only; units of g per unit time): each RK4 step of length h is redone in two
+    halves, on the paths whose step error estimate exceeds tolerance·h, and so on down to
+    `halvings` halvings (_rk4_step). The estimate is Simpson's rule minus the trapezoidal rule
+    on div v, |h|·(2/3)·|div_mid − (div_0 + div_1)/2|: the trapezoid's error, so an upper bound of
+    Simpson's where div v is smooth, and large where a path crosses a switching layer between
+    clusters, where the steps of g's paths lose their accuracy (docs/numerics.md). None: fixed
+    steps."""
     if scheme not in PATH_SCHEMES:
         raise ValueError(f"scheme must be one of {PATH_SCHEMES}, got {scheme!r}")
+    if tolerance is not None and (scheme != "rk4" or not tolerance >= 0.0):
+        raise ValueError(f"a step tolerance needs scheme 'rk4' and tolerance >= 0, got {scheme!r}, {tolerance!r}")
     edges = None
     if not isinstance(substeps, (int, np.integer)):
         edges = np.asarray(substeps, dtype=float)
@@ -240,31 +251,63 @@ def trace_back(x, field, t, dt, substeps=1, scheme: str = "rk4", velocity=None):
         # this substep runs from hi back to lo (one step: t + dt, t + dt/2, t exactly)
         k = substeps - j
         if edges is None:
-            hi, mid, lo = t + dt * k / substeps, t + dt * (2 * k - 1) / (2 * substeps), t + dt * (k - 1) / substeps
+            hi, lo = t + dt * k / substeps, t + dt * (k - 1) / substeps
         else:
             hi, lo = edges[k], edges[k - 1]
-            mid, h = 0.5 * (hi + lo), lo - hi
-        k1, div1 = field(hi, x) if arrival is None else arrival
+            h = lo - hi
+        if arrival is None:
+            arrival = field(hi, x)
         if scheme == "heun":
+            k1, div1 = arrival
             k2 = velocity(lo, unit_rows(x + h * k1))
             departure = unit_rows(x + 0.5 * h * (k1 + k2))
             arrival = field(lo, departure)
-            div0 = arrival[1]
-            integral = integral - 0.5 * h * (div0 + div1)
+            integral = integral - 0.5 * h * (arrival[1] + div1)
             x = departure
             continue
-        k2 = velocity(mid, unit_rows(x + 0.5 * h * k1))
-        k3 = velocity(mid, unit_rows(x + 0.5 * h * k2))
-        k4 = velocity(lo, unit_rows(x + h * k3))
-        departure = unit_rows(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
-        # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
-        middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
-        _, divm = field(mid, middle)
-        arrival = field(lo, departure)
-        div0 = arrival[1]
-        integral = integral - h * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
-        x = departure
+        if edges is None:  # the midpoint as before the tolerance: the same floats, the same fields
+            mid = t + dt * (2 * k - 1) / (2 * substeps)
+        else:
+            mid = 0.5 * (hi + lo)
+        x, increment, arrival = _rk4_step(field, velocity, x, arrival, hi, mid, lo, tolerance,
+                                          halvings if tolerance is not None else 0)
+        integral = integral + increment
     return x, integral
+
+
+def _rk4_step(field, velocity, x, first, hi, mid, lo, tolerance, halvings):
+    """One RK4 step of trace_back from hi back to lo (mid between): (departure points, Simpson's
+    ∫ div v from lo to hi along the paths, the field (v, div) at the departure points). first:
+    the field at x at hi. With halvings > 0, the paths whose estimate (trace_back) exceeds
+    tolerance·|lo − hi| are redone in two steps through mid, each with tolerance and halvings − 1."""
+    h = lo - hi
+    k1, div1 = first
+    k2 = velocity(mid, unit_rows(x + 0.5 * h * k1))
+    k3 = velocity(mid, unit_rows(x + 0.5 * h * k2))
+    k4 = velocity(lo, unit_rows(x + h * k3))
+    departure = unit_rows(x + h * (k1 + 2.0 * k2 + 2.0 * k3 + k4) / 6.0)
+    # dense output at θ = 1/2: weights 5/24, 1/6, 1/6, −1/24
+    middle = unit_rows(x + h * (5.0 * k1 + 4.0 * k2 + 4.0 * k3 - k4) / 24.0)
+    _, divm = field(mid, middle)
+    arrival = field(lo, departure)
+    div0 = arrival[1]
+    increment = -h * (div0 + 4.0 * divm + div1) / 6.0  # Simpson on the path
+    if halvings <= 0:
+        return departure, increment, arrival
+    estimate = abs(h) * (2.0 / 3.0) * np.abs(divm - 0.5 * (div0 + div1))  # Simpson − trapezoid
+    redo = np.flatnonzero(estimate > tolerance * abs(h))
+    if redo.size:
+        v_end, div_end = np.array(arrival[0], dtype=float), np.array(div0, dtype=float)
+        halfway, early, at_half = _rk4_step(field, velocity, x[redo], (k1[redo], div1[redo]), hi, 0.5 * (hi + mid),
+                                            mid, tolerance, halvings - 1)
+        feet, late, at_feet = _rk4_step(field, velocity, halfway, at_half, mid, 0.5 * (mid + lo), lo, tolerance,
+                                        halvings - 1)
+        departure[redo] = feet
+        increment = np.array(increment, dtype=float)
+        increment[redo] = early + late
+        v_end[redo], div_end[redo] = at_feet
+        arrival = v_end, div_end
+    return departure, increment, arrival
 
 
 def compose_paths(interpolant, departure, integral, earlier):

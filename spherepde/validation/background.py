@@ -432,7 +432,10 @@ TAIL_STATES = {"finite volumes + atoms": False,
                "the same, couplings every 0.2 at the clusters' peaks": [CLUSTERS[0], STEPS, *BACKTRACK],
                "the same, the paths by the trapezoidal rule (Heun)": [CLUSTERS[0], STEPS, *BACKTRACK, HEUN],
                "the couplings every 0.2 at the clusters' peaks (state 19), in RK4 steps of 0.1":
-                   [CLUSTERS[0], STEPS, *BACKTRACK, "eulerian.tail_path_step=0.1"]}
+                   [CLUSTERS[0], STEPS, *BACKTRACK, "eulerian.tail_path_step=0.1"],
+               "the same, each step halved on the paths where Simpson − trapezoid on div v exceeds 0.03 decades "
+               "per unit time": [CLUSTERS[0], STEPS, *BACKTRACK, "eulerian.tail_path_step=0.1",
+                                 "eulerian.tail_path_tolerance=0.03"]}
 # the states made before the field of the measure became the default keep the fields linear between
 # couplings, as they were run (states 13 on name their field)
 LINEAR = 'eulerian.tail_field_between="linear"'
@@ -452,7 +455,8 @@ RUN_FILE_TAGS = dict(zip(TAIL_STATES, ("", "tails_anchored_", "tails_clusters_",
                                        "tails_retraced_measure_", "tails_defaults_measure_", "tails_clusters_measure_",
                                        "tails_backtrack_", "tails_backtrack_steps_",
                                        "tails_backtrack_clusters_", "tails_backtrack_peaks_",
-                                       "tails_backtrack_peaks_heun_", "tails_backtrack_peaks_step0.1_")))
+                                       "tails_backtrack_peaks_heun_", "tails_backtrack_peaks_step0.1_",
+                                       "tails_backtrack_peaks_step0.1_tol0.03_")))
 
 
 def tails_report(nsides=(16, 32), times=(2.0, 4.0, 6.0, 8.0), out=None, say=print, states=None, save_every=SAVE_EVERY,

@@ -753,6 +753,35 @@ def test_the_path_scheme_is_checked_and_reaches_the_tails():
         resolve({**raw, "eulerian": {"tails": "log", "tail_path_scheme": "euler"}})
 
 
+def test_the_path_tolerance_is_checked_reaches_the_tails_and_halves_their_steps(monkeypatch):
+    """`tail_path_tolerance` goes to LogTails, which hands trace_back that many decades of g per
+    unit time in units of g (× ln 10), and None at 0 (the default, and files written before the
+    key: fixed steps); a negative value, or one with the trapezoidal paths, is one error naming it."""
+    from spherepde.runner.run import _tail_options
+    from spherepde.solvers import tails as tails_module
+
+    raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
+    config = resolve({**raw, "eulerian": {"tails": "log", "tail_path_tolerance": 0.03}})
+    options = _tail_options(config["eulerian"])
+    tails = LogTails(HealpixMesh(2), AttentionModel(PAPER_B, PAPER_V, 30.0), **options)
+    assert tails.path_tolerance == 0.03
+    given = []
+    monkeypatch.setattr(tails_module, "trace_back", lambda *args, **kw: given.append(kw["tolerance"]))
+    tails._trace(np.zeros((1, 3)), None, 0.0, 0.2, 0.2)
+    assert given == [pytest.approx(0.03 * math.log(10.0))]
+    default = resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]
+    assert default["tail_path_tolerance"] == 0.0
+    LogTails(HealpixMesh(2), AttentionModel(PAPER_B, PAPER_V, 30.0), **_tail_options(default))._trace(
+        np.zeros((1, 3)), None, 0.0, 0.2, 0.2)
+    assert given[-1] is None
+    old = json.loads(json.dumps(default))
+    del old["tail_path_tolerance"]
+    assert difference({"eulerian": old}, {"eulerian": json.loads(json.dumps(default))}) is None
+    for bad in ({"tail_path_tolerance": -0.1}, {"tail_path_tolerance": 0.03, "tail_path_scheme": "heun"}):
+        with pytest.raises(ConfigError, match="tail_path_tolerance"):
+            resolve({**raw, "eulerian": {"tails": "log", **bad}})
+
+
 def test_the_neighbourhood_kept_by_the_finite_volumes_can_be_given_in_kernel_widths():
     """`tail_exclusion_width`: the cells kept by the finite volumes around an atom reach at least
     that many kernel widths σ = (β σ_max(B))^{-1/2} (β = 30, paper matrices: σ = 0.1826 rad),

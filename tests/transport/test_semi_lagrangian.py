@@ -283,3 +283,54 @@ def test_limited_slopes_make_no_new_extremum_at_a_cut(mesh_factory):
     g[0] = -np.inf
     slopes = interp.slopes(g)
     assert np.all(slopes[(interp.stencil == 0).any(axis=1)] == 0.0)
+
+
+LAYER_AXIS = np.array([0.0, 0.0, 1.0])
+LAYER_PUSH = np.array([0.6, 0.0, 0.8])
+
+
+def layer_field(s, points, sharpness=20.0):
+    """A tangent field with a switching layer at the equator, as between two clusters:
+    v = tanh(k x·e) P_x a (P_x = I − x xᵀ; e the layer's axis, a the push), and its surface
+    divergence div_S v = −2 tanh(k x·e) a·x + k sech²(k x·e) (e·a − (x·e)(x·a)), exact."""
+    z = points @ LAYER_AXIS
+    along = points @ LAYER_PUSH
+    switch = np.tanh(sharpness * z)
+    v = switch[:, None] * (LAYER_PUSH[None, :] - along[:, None] * points)
+    div = -2.0 * switch * along + sharpness * (1.0 - switch ** 2) * (LAYER_PUSH @ LAYER_AXIS - z * along)
+    return v, div
+
+
+def test_a_step_tolerance_halves_the_steps_that_cross_a_switching_layer():
+    """trace_back with a tolerance through a layer 1/20 rad wide (about a step's displacement):
+    steps of 0.1 whose Simpson − trapezoid on div v exceeds tolerance × step are halved, and ∫div v
+    then stays within tolerance × Δt of the exact one (steps of 0.0025) where the fixed steps do
+    not, through fewer points than uniform halving (the sum of the points of every call);
+    tolerance ∞ is the fixed steps to the bit, tolerance 0 the halved steps (to round-off)."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(400, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    points = []
+
+    def counted(s, p):
+        points.append(len(p))
+        return layer_field(s, p)
+
+    tolerance, dt = 0.01, 0.4
+    exact = trace_back(x, layer_field, 0.0, dt, 160)
+    coarse = trace_back(x, layer_field, 0.0, dt, 4)
+    halved = trace_back(x, counted, 0.0, dt, 8)
+    halved_points, points[:] = sum(points), []
+    adaptive = trace_back(x, counted, 0.0, dt, 4, tolerance=tolerance)
+    adaptive_points = sum(points)
+    assert np.abs(coarse[1] - exact[1]).max() > 2 * tolerance * dt  # the fixed steps miss the target
+    assert np.abs(adaptive[1] - exact[1]).max() < tolerance * dt
+    assert np.abs(adaptive[0] - exact[0]).max() < 0.2 * np.abs(coarse[0] - exact[0]).max()
+    assert adaptive_points < 0.9 * halved_points, (adaptive_points, halved_points)
+    never = trace_back(x, layer_field, 0.0, dt, 4, tolerance=math.inf)
+    assert np.array_equal(never[0], coarse[0]) and np.array_equal(never[1], coarse[1])
+    always = trace_back(x, layer_field, 0.0, dt, 4, tolerance=0.0)
+    assert np.abs(always[0] - halved[0]).max() < 1e-13 and np.abs(always[1] - halved[1]).max() < 1e-12
+    for scheme, bad in (("heun", 0.1), ("rk4", -1.0)):
+        with pytest.raises(ValueError, match="tolerance"):
+            trace_back(x, layer_field, 0.0, dt, 4, scheme, tolerance=bad)

@@ -119,7 +119,7 @@ def test_the_tails_report_names_its_reference_step_and_command(tmp_path):
     assert list(RUN_FILE_TAGS) == list(TAIL_STATES) and len(set(RUN_FILE_TAGS.values())) == len(TAIL_STATES)
     assert [RUN_FILE_TAGS[label] for label in list(TAIL_STATES)[:4]] == ["", "tails_anchored_", "tails_clusters_",
                                                                          "tails_retraced_"]
-    assert len(TAIL_STATES) == 22 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
+    assert len(TAIL_STATES) == 23 and list(TAIL_STATES.values())[0] is False  # index 0: the finite volumes
     # the states made before the field of the measure became the default keep the fields linear, as run
     assert all(o[-1] == LINEAR for o in list(TAIL_STATES.values())[1:13])
     assert not any(LINEAR in o for o in list(TAIL_STATES.values())[13:])
