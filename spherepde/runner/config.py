@@ -67,7 +67,10 @@ A config has the sections
                    step of those paths, default 0.05, (0, 1]), tail_path_tolerance (default 0: fixed
                    steps; > 0: a step is halved on the paths whose error estimate, Simpson's rule
                    minus the trapezoidal rule on div v, exceeds this many decades of g per unit
-                   time, [0, 1]), tail_paths (how a coupling
+                   time, [0, 1]), tail_mass_correction ("global" (default): the mass the tail
+                   cells gain at a substitution is paid by the bulk and the atoms in proportion to
+                   their mass; "local": by the nearest bulk cell or atom, at most half of its
+                   mass, the rest globally), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
@@ -146,8 +149,8 @@ from ..models.checks import check_model
 from ..models.heads import MAX_HEADS
 from ..models.noise import SCHEDULES, NoiseSchedule
 from ..solvers.particles import ADAPTIVE_SCHEMES, SCHEMES
-from ..solvers.tails import (TAIL_EXCLUSION_WIDTH, TAIL_FIELD_BETWEEN, TAIL_FOLLOW_BOUNDS, TAIL_PATH_SCHEMES, TAIL_PATHS,
-                             TAIL_RETRACE_TOLERANCE, TAIL_STEP_STATES)
+from ..solvers.tails import (TAIL_EXCLUSION_WIDTH, TAIL_FIELD_BETWEEN, TAIL_FOLLOW_BOUNDS, TAIL_MASS_CORRECTIONS,
+                             TAIL_PATH_SCHEMES, TAIL_PATHS, TAIL_RETRACE_TOLERANCE, TAIL_STEP_STATES)
 from ..solvers.velocity import NEAR_FIELD_PROFILES
 from .build import build_initial_law, build_model
 
@@ -179,7 +182,8 @@ DEFAULTS = {
                  "tail_exclusion": 3.0, "tail_exclusion_width": TAIL_EXCLUSION_WIDTH, "tail_follow": True,
                  # g within 0.05 decades of its own characteristics at β = 30 and 1000 (docs/numerics.md,
                  # backtracked maps through the steps' states); LogTails' own defaults are older
-                 "tail_anchor": 5.0, "tail_path_step": 0.05, "tail_path_tolerance": 0.0, "tail_paths": "backtrack", "tail_field_between": "steps",
+                 "tail_anchor": 5.0, "tail_path_step": 0.05, "tail_path_tolerance": 0.0,
+                 "tail_mass_correction": "global", "tail_paths": "backtrack", "tail_field_between": "steps",
                  "tail_reference": "clusters", "tail_substeps": 1, "tail_step_states": "all",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},
@@ -753,6 +757,9 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
                           f'got {eul["tail_paths"]!r}')
     if eul["tail_path_scheme"] not in TAIL_PATH_SCHEMES:
         raise ConfigError(f'[eulerian] tail_path_scheme: must be "rk4" or "heun", got {eul["tail_path_scheme"]!r}')
+    if eul["tail_mass_correction"] not in TAIL_MASS_CORRECTIONS:
+        raise ConfigError(f'[eulerian] tail_mass_correction: must be "global" or "local", '
+                          f'got {eul["tail_mass_correction"]!r}')
     if eul["tail_path_tolerance"] > 0.0 and eul["tail_path_scheme"] != "rk4":
         raise ConfigError(f'[eulerian] tail_path_tolerance: halves RK4 steps only (tail_path_scheme "rk4"), '
                           f'got {eul["tail_path_tolerance"]:g} with tail_path_scheme {eul["tail_path_scheme"]!r}')
@@ -1028,6 +1035,7 @@ ADDED_KEYS[("eulerian", "tail_exclusion_width")] = 0.0  # the neighbourhoods wer
 ADDED_KEYS[("eulerian", "tail_step_states")] = "all"  # the substeps crossed every coupling interval
 ADDED_KEYS[("eulerian", "tail_field_between")] = "linear"  # the couplings' fields linear in time between them
 ADDED_KEYS[("eulerian", "tail_path_tolerance")] = 0.0  # g's paths in fixed steps
+ADDED_KEYS[("eulerian", "tail_mass_correction")] = "global"  # the tail cells' mass paid by all of the rest
 
 
 STALLED_RULE_MIN_NSIDE = 8  # below it atom_stalled_width and atom_join default to 0 (resolve)
@@ -1037,7 +1045,7 @@ ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_exclusion_width", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_path_tolerance", "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
+             "tail_path_tolerance", "tail_mass_correction", "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
              "tail_path_scheme", "tail_step_states", "tail_field_between")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles

@@ -68,6 +68,7 @@ import math
 
 import healpy as hp
 import numpy as np
+from scipy.spatial import cKDTree
 
 from ..summation import PreparedSources, attention_field, mesh_sources
 from .guards import RunFailure
@@ -76,7 +77,8 @@ from ..transport.semi_lagrangian import PATH_SCHEMES, PolynomialInterpolant, com
 __all__ = ["LogTails", "coupling_times", "coupling_schedule", "subcells_for", "kernel_width", "subcell_centres",
            "log_linear_masses", "TAIL_INTERVAL", "TAIL_LEVEL", "TAIL_EXCLUSION", "TAIL_EXCLUSION_WIDTH",
            "TAIL_ANCHOR", "TAIL_PATH_STEP", "TAIL_PATHS", "TAIL_PATHS_DEFAULT", "TAIL_RETRACE_TOLERANCE",
-           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES", "TAIL_FIELD_BETWEEN", "TAIL_STATE_SPACING"]
+           "TAIL_FOLLOW_BOUNDS", "TAIL_PATH_SCHEMES", "TAIL_STEP_STATES", "TAIL_FIELD_BETWEEN", "TAIL_STATE_SPACING",
+           "TAIL_MASS_CORRECTIONS"]
 
 # longest time between couplings: each coupling interpolates g once, and below ~0.2 those errors
 # add up faster than the paths' error falls (docs/numerics.md#tails-relative-to-f-work-in-progress)
@@ -112,6 +114,7 @@ TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 # how g's paths are integrated over a step (trace_back): "rk4" (Simpson on div v; 6 evaluations of
 # the field per step, 9 attention sums, since a field between two recorded states costs both), or
 # "heun" (the trapezoidal rule: the field at the ends of the step only, 3 sums)
+TAIL_MASS_CORRECTIONS = ("global", "local")  # who pays for the mass the tail cells gain (_substitute)
 TAIL_PATH_SCHEMES = PATH_SCHEMES
 # which coupling intervals g's paths cross through the states after every step: "all" (with
 # substeps > 1, in substeps × the RK4 steps), or "atom_events": only those in which an atom was made
@@ -261,7 +264,8 @@ class LogTails:
                  paths: str = TAIL_PATHS_DEFAULT, profile: str = "constant", anchor: float = TAIL_ANCHOR,
                  path_step: float | None = TAIL_PATH_STEP, retrace_tolerance: float = TAIL_RETRACE_TOLERANCE,
                  follow_bounds: str = "none", path_scheme: str = "rk4", exclusion_width: float = 0.0,
-                 step_states: str = "all", between: str = "linear", path_tolerance: float = 0.0):
+                 step_states: str = "all", between: str = "linear", path_tolerance: float = 0.0,
+                 mass_correction: str = "global"):
         if paths not in TAIL_PATHS + ("start",):
             raise ValueError(f"paths must be 'retrace', 'maps', 'selective', 'backtrack' or 'start', got {paths!r}")
         if follow_bounds not in TAIL_FOLLOW_BOUNDS:
@@ -281,6 +285,9 @@ class LogTails:
         # > 0: g's RK4 steps halved (once) on the paths whose step error estimate exceeds this many
         # decades of g per unit time (trace_back's tolerance); 0: fixed steps of path_step
         self.path_tolerance = float(path_tolerance)
+        if mass_correction not in TAIL_MASS_CORRECTIONS:
+            raise ValueError(f"mass_correction must be one of {TAIL_MASS_CORRECTIONS}, got {mass_correction!r}")
+        self.mass_correction = mass_correction
         # g is interpolated at the anchor times only (as far apart as `anchor` allows: 0 at every
         # coupling, inf at the start only = paths "start"); a coupling in between follows its paths
         # back to the last anchor through the states of the couplings since
@@ -467,22 +474,11 @@ class LogTails:
         tail = (low < top) & (f_log > 0) & ~near
         both = tail & (f > 0)
         drift = float(np.percentile(np.abs(np.log10(f[both] / f_log[both])), 90)) if both.any() else math.nan
-        area = self.mesh.area
         # A tail value is below the level by definition: where ⟨e^g⟩ exceeds it (g overshooting
         # beside a collapsing peak, which g follows without a reset) the cap keeps it a tail value.
         substitute = np.minimum(f_log[tail], top)
-        moved = float((substitute - f[tail]).sum() * area)
         changed = bool(tail.any())
-        if changed:
-            atom_mass = atoms.total_mass if atoms is not None else 0.0
-            scale = 1.0 - moved / (f[~tail].sum() * area + atom_mass)
-            if not scale > 0.5:
-                raise RunFailure(f"tails: the tail cells would take {moved:.3g} of the mass at t = {t:g} "
-                                 f"(the tail_level {self.level:g} is too high for this density)")
-            f[tail] = substitute
-            f[~tail] *= scale
-            if atoms is not None:
-                atoms.masses *= scale
+        moved = self._substitute(f, tail, substitute, atoms, t) if changed else 0.0
         if self.reset == "bulk":
             bulk = ~tail & (f > 0)
         elif self.reset == "atoms":
@@ -783,16 +779,64 @@ class LogTails:
 
     def _follow(self, t, f, atoms):
         t1, cells, values, rate, low, high = self._anchor
-        new = np.clip(values * np.exp((t - t1) * rate), low, high)
-        moved = float((new - f[cells]).sum() * self.mesh.area)
+        self._substitute(f, cells, np.clip(values * np.exp((t - t1) * rate), low, high), atoms)
+
+    def _substitute(self, f, cells, values, atoms, t=None):
+        """f[cells] = values (cells: a boolean mask or indices; f in place), and the rest of the
+        measure (the other cells and the atoms) scaled by one factor so that its mass is unchanged:
+        the mass the cells gained (> 0) or gave (< 0), which is returned, comes from everywhere else
+        in proportion to its mass. t (a coupling's): a correction that would take half of the
+        rest is refused there, with that time in the message."""
+        area = self.mesh.area
+        gained = (values - f[cells]) * area
+        moved = float(gained.sum())
         rest = np.ones(f.shape, dtype=bool)
         rest[cells] = False
+        if self.mass_correction == "local":  # the nearest cell or atom pays; what it cannot, all of the rest
+            moved_globally = self._pay_locally(f, np.arange(f.size)[cells], gained, rest, atoms)
+        else:
+            moved_globally = moved
         atom_mass = atoms.total_mass if atoms is not None else 0.0
-        scale = 1.0 - moved / (f[rest].sum() * self.mesh.area + atom_mass)
-        f[cells] = new
+        scale = 1.0 - moved_globally / (f[rest].sum() * area + atom_mass)
+        if t is not None and not scale > 0.5:
+            raise RunFailure(f"tails: the tail cells would take {moved:.3g} of the mass at t = {t:g} "
+                             f"(the tail_level {self.level:g} is too high for this density)")
+        f[cells] = values
         f[rest] *= scale
         if atoms is not None:
             atoms.masses *= scale
+        return moved
+
+    def _pay_locally(self, f, changed, gained, rest, atoms):
+        """mass_correction "local": each changed cell's gain (or loss, < 0) is paid by the nearest
+        (on the sphere) cell of the rest with f > 0 or living atom, at most half of its mass (or
+        doubling it); what it cannot pay, by the nearest atom on the same terms; each payer scaled
+        by one factor, in place on f[rest] and the atoms' masses. Returns what is left to the global
+        factor. The finite volumes' error that the tail cells correct was made beside them, so the
+        mass goes back to where it came from, not across the sphere: one factor for all moves mass
+        between clusters that the flow keeps apart (docs/numerics.md)."""
+        area = self.mesh.area
+        cells = np.flatnonzero(rest & (f > 0))
+        alive = np.flatnonzero(atoms.masses > 0) if atoms is not None else np.zeros(0, dtype=int)
+        targets = self.mesh.centroids[changed]
+        owed = np.asarray(gained, dtype=float)
+        for with_cells in (True, False):  # the nearest place, then the nearest atom for what is left
+            use = cells if with_cells else cells[:0]
+            if use.size + alive.size == 0 or not owed.any():
+                continue
+            points = np.concatenate([self.mesh.centroids[use], atoms.positions[alive] if alive.size else
+                                     np.zeros((0, 3))])
+            owned = np.concatenate([f[use] * area, atoms.masses[alive] if alive.size else np.zeros(0)])
+            _, payer = cKDTree(points).query(targets)
+            due = np.bincount(payer, weights=owed, minlength=owned.size)
+            paid = np.clip(due, -owned, 0.5 * owned)  # a payer keeps at least half, and at most doubles
+            share = np.divide(paid, due, out=np.zeros_like(due), where=due != 0)
+            owed = owed * (1.0 - share[payer])  # each cell's part that its payer could not pay
+            scale = 1.0 - paid / owned
+            f[use] *= scale[:use.size]
+            if alive.size:
+                atoms.masses[alive] *= scale[use.size:]
+        return float(owed.sum())
 
     def _largest(self, f, atoms):
         """The density the level is relative to (sr⁻¹): the mesh's largest f (reference "mesh"), or

@@ -782,6 +782,55 @@ def test_the_path_tolerance_is_checked_reaches_the_tails_and_halves_their_steps(
             resolve({**raw, "eulerian": {"tails": "log", **bad}})
 
 
+def test_a_local_mass_correction_keeps_the_far_clusters_mass():
+    """tail_mass_correction "local": the mass the tail cells gain beside one atom is paid by that
+    atom (their nearest living place), so the atom across the sphere keeps its mass to the bit,
+    where the global factor takes from both in proportion to their mass; what a payer cannot pay
+    (more than half of its mass) falls to the global factor; the measure's mass is kept to
+    round-off either way, and the config key reaches LogTails and refuses other values."""
+    from spherepde.runner.run import _tail_options
+    from spherepde.solvers.atoms import Atoms
+
+    mesh = HealpixMesh(4)
+    model = AttentionModel(PAPER_B, PAPER_V, 1000.0)
+    east = mesh.centroids[:, 0] > 0.3
+
+    def state(gain):
+        f = np.full(mesh.npix, 1e-6)
+        atoms = Atoms(mesh, capacity=4)
+        atoms.restore(np.array([[1.0, 0, 0], [-1.0, 0, 0], [np.nan] * 3, [np.nan] * 3]), np.array([0.6, 0.4, 0, 0]),
+                      np.array([0.0, 0.0, np.nan, np.nan]))
+        values = f[east] + gain / (east.sum() * mesh.area)  # the tail cells beside +e1 gain `gain` in all
+        return f, atoms, values
+
+    def mass(f, atoms):
+        return f.sum() * mesh.area + atoms.total_mass
+
+    results = {}
+    for correction in ("global", "local"):
+        tails = LogTails(mesh, model, mass_correction=correction)
+        f, atoms, values = state(1e-3)
+        before = mass(f, atoms)
+        moved = tails._substitute(f, east, values, atoms)
+        assert moved == pytest.approx(1e-3, rel=1e-12)
+        assert abs(mass(f, atoms) - before) < 1e-15
+        results[correction] = atoms.masses[:2].copy()
+    assert results["local"][1] == 0.4 and results["local"][0] < 0.6  # the far atom untouched
+    assert results["global"][1] < 0.4 - 1e-5  # one factor for all takes from it too
+    # a gain beyond half of the payer's mass: half of it paid there, the rest by all
+    tails = LogTails(mesh, model, mass_correction="local")
+    f, atoms, values = state(0.5)
+    before = mass(f, atoms)
+    tails._substitute(f, east, values, atoms)
+    assert abs(mass(f, atoms) - before) < 1e-14 and (f > 0).all() and atoms.masses[0] > 0
+    raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
+    config = resolve({**raw, "eulerian": {"tails": "log", "tail_mass_correction": "local"}})
+    assert LogTails(mesh, model, **_tail_options(config["eulerian"])).mass_correction == "local"
+    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_mass_correction"] == "global"
+    with pytest.raises(ConfigError, match="tail_mass_correction"):
+        resolve({**raw, "eulerian": {"tails": "log", "tail_mass_correction": "nearest"}})
+
+
 def test_the_neighbourhood_kept_by_the_finite_volumes_can_be_given_in_kernel_widths():
     """`tail_exclusion_width`: the cells kept by the finite volumes around an atom reach at least
     that many kernel widths σ = (β σ_max(B))^{-1/2} (β = 30, paper matrices: σ = 0.1826 rad),
