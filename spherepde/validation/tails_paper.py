@@ -42,11 +42,12 @@ def paper_metrics(ds):
 def settings_label(eul):
     """The [eulerian] settings of a tails run that shape the answer, in words: how a new atom is
     made (`atom_shape`, `atom_cut`), how g reaches a coupling (`tail_anchor`, `tail_paths`,
-    `tail_retrace_tolerance`, `tail_path_step` where not 0.1), and, where they differ from the
+    `tail_retrace_tolerance`, `tail_path_step` where not 0.1, `tail_path_tolerance` where > 0), and,
+    where they differ from the
     couplings every 0.2 at the mesh's level followed unbounded that the first runs had,
     `tail_interval`, `tail_reference`,
     `tail_follow_bounds`, `tail_exclusion_width`, `tail_path_scheme`, `tail_substeps`
-    (`tail_step_states`) and `tail_field_between`. Keys a file lacks take the value such a file implies
+    (`tail_step_states`), `tail_mass_correction` and `tail_field_between`. Keys a file lacks take the value such a file implies
     (spherepde.runner.config.ADDED_KEYS)."""
     atoms = f"{eul.get('atom_shape', 'point')} atoms, {eul.get('atom_cut', 'floor')} cut"
     anchor = float(eul.get("tail_anchor", 0.0))
@@ -60,6 +61,8 @@ def settings_label(eul):
         label = f"{atoms}, anchors every {anchor:g} with {paths}"
         if float(eul.get("tail_path_step", 0.1)) != 0.1:
             label += f" in RK4 steps of {float(eul['tail_path_step']):g}"
+        if float(eul.get("tail_path_tolerance", 0.0)) > 0.0:
+            label += f" halved above {float(eul['tail_path_tolerance']):g} decades per unit time"
     if float(eul.get("tail_interval", 0.2)) != 0.2:
         label += f", couplings every {float(eul['tail_interval']):g}"
     if eul.get("tail_reference", "mesh") == "clusters":
@@ -74,6 +77,8 @@ def settings_label(eul):
     if int(eul.get("tail_substeps", 1)) > 1:
         where = "at atom events" if eul.get("tail_step_states", "all") == "atom_events" else "everywhere"
         label += f", paths through every step's state {where} ({int(eul['tail_substeps'])} substeps)"
+    if eul.get("tail_mass_correction", "global") != "global":
+        label += ", the tail cells' mass paid locally"
     field = eul.get("tail_field_between", "linear")
     if field != "linear":
         label += {"measure": ", the field of the measure between couplings",

@@ -92,3 +92,17 @@ def test_settings_label_separates_how_atoms_and_paths_were_made():
     assert backtrack.startswith("sigma atoms, tail cut, anchors every 5 with backtracked maps (budget 0.01 decades) "
                                 "in RK4 steps of 0.05, couplings every 0.05")
     assert backtrack.endswith(", the steps' states between couplings")
+
+
+def test_settings_label_names_the_halved_steps_and_the_local_payment():
+    """Runs that differ only in tail_path_tolerance or tail_mass_correction get tables of their
+    own (collect_runs groups by the label); the defaults' label names neither."""
+    eul = {"atom_shape": "sigma", "atom_cut": "tail", "tail_anchor": 5.0, "tail_paths": "backtrack",
+           "tail_path_step": 0.05}
+    plain = tails_paper.settings_label(eul)
+    assert "halved" not in plain and "paid locally" not in plain
+    assert tails_paper.settings_label({**eul, "tail_path_tolerance": 0.0, "tail_mass_correction": "global"}) == plain
+    halved = tails_paper.settings_label({**eul, "tail_path_tolerance": 0.03})
+    assert "in RK4 steps of 0.05 halved above 0.03 decades per unit time" in halved
+    assert tails_paper.settings_label({**eul, "tail_mass_correction": "local"}).endswith(
+        ", the tail cells' mass paid locally")
