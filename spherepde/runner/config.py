@@ -1045,7 +1045,8 @@ ATOM_CUTS = ("floor", "tail")
 ATOM_SHAPES = ("point", "sigma")  # spherepde.solvers.atoms.SHAPES
 TAIL_KINDS = ("finite_volume", "log")
 TAIL_KEYS = ("tail_interval", "tail_level", "tail_exclusion", "tail_exclusion_width", "tail_follow", "tail_anchor", "tail_path_step",
-             "tail_path_tolerance", "tail_mass_correction", "tail_paths", "tail_substeps", "tail_reference", "tail_retrace_tolerance", "tail_follow_bounds",
+             "tail_path_tolerance", "tail_mass_correction", "tail_paths", "tail_substeps", "tail_reference",
+             "tail_retrace_tolerance", "tail_follow_bounds",
              "tail_path_scheme", "tail_step_states", "tail_field_between")
 TAIL_LEVEL_REFERENCES = ("mesh", "clusters")  # LogTails' reference ("measure" is a validation variant only)
 EULERIAN_KEYS_WITHOUT_SOLVE = ("enabled", "nside")  # nside: the mesh of quadrature particles

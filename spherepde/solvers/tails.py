@@ -782,10 +782,11 @@ class LogTails:
         self._substitute(f, cells, np.clip(values * np.exp((t - t1) * rate), low, high), atoms)
 
     def _substitute(self, f, cells, values, atoms, t=None):
-        """f[cells] = values (cells: a boolean mask or indices; f in place), and the rest of the
-        measure (the other cells and the atoms) scaled by one factor so that its mass is unchanged:
-        the mass the cells gained (> 0) or gave (< 0), which is returned, comes from everywhere else
-        in proportion to its mass. t (a coupling's): a correction that would take half of the
+        """f[cells] = values (cells: a boolean mask or indices; f in place), the rest of the measure
+        (the other cells and the atoms) paying for the mass the cells gained (> 0) or gave (< 0),
+        which is returned, so that the total is unchanged: mass_correction "global", all of the rest
+        by one factor, in proportion to its mass; "local", the nearest payers first (_pay_locally),
+        the remainder by that factor. t (a coupling's): a correction that would take half of the
         rest is refused there, with that time in the message."""
         area = self.mesh.area
         gained = (values - f[cells]) * area
