@@ -70,7 +70,9 @@ A config has the sections
                    time, [0, 1]), tail_mass_correction ("global" (default): the mass the tail
                    cells gain at a substitution is paid by the bulk and the atoms in proportion to
                    their mass; "local": by the nearest bulk cell or atom, at most half of its
-                   mass, the rest globally), tail_paths (how a coupling
+                   mass, the rest globally; "downstream": by the nearest bulk
+                   cell or atom to where the flow carries the cell into the bulk, then as
+                   "local"), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
@@ -758,7 +760,7 @@ def _resolve_eulerian(eul, given, model, noisy, particles):
     if eul["tail_path_scheme"] not in TAIL_PATH_SCHEMES:
         raise ConfigError(f'[eulerian] tail_path_scheme: must be "rk4" or "heun", got {eul["tail_path_scheme"]!r}')
     if eul["tail_mass_correction"] not in TAIL_MASS_CORRECTIONS:
-        raise ConfigError(f'[eulerian] tail_mass_correction: must be "global" or "local", '
+        raise ConfigError(f'[eulerian] tail_mass_correction: must be "global", "local" or "downstream", '
                           f'got {eul["tail_mass_correction"]!r}')
     if eul["tail_path_tolerance"] > 0.0 and eul["tail_path_scheme"] != "rk4":
         raise ConfigError(f'[eulerian] tail_path_tolerance: halves RK4 steps only (tail_path_scheme "rk4"), '

@@ -114,7 +114,14 @@ TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 # how g's paths are integrated over a step (trace_back): "rk4" (Simpson on div v; 6 evaluations of
 # the field per step, 9 attention sums, since a field between two recorded states costs both), or
 # "heun" (the trapezoidal rule: the field at the ends of the step only, 3 sums)
-TAIL_MASS_CORRECTIONS = ("global", "local")  # who pays for the mass the tail cells gain (_substitute)
+TAIL_MASS_CORRECTIONS = ("global", "local", "downstream")  # who pays for the mass the tail cells gain (_substitute)
+# ("downstream") a tail cell's payer is the nearest bulk cell or atom to where the flow carries its
+# centroid: until the path enters a bulk cell, DOWNSTREAM_TIME at most (near the separatrix the
+# paths leave slowly: at β = ∞, x₁ ∝ e^{2t}), in Heun steps of DOWNSTREAM_STEP in the frozen field
+# of the state at the last coupling (_downstream_from)
+DOWNSTREAM_TIME = 4.0
+DOWNSTREAM_STEP = 0.5
+DOWNSTREAM_MARGIN = 100.0
 TAIL_PATH_SCHEMES = PATH_SCHEMES
 # which coupling intervals g's paths cross through the states after every step: "all" (with
 # substeps > 1, in substeps × the RK4 steps), or "atom_events": only those in which an atom was made
@@ -352,6 +359,9 @@ class LogTails:
         # reference "clusters": log of each atom slot's peak density (NaN: none), grown by Liouville
         self.peaks = None
         self._mesh_top = math.nan  # the mesh's largest f at the last coupling
+        # ("downstream") where the flow of the last coupling's state carries each centroid into the
+        # bulk (the centroid itself for the cells away from the tail): _downstream_from
+        self._downstream = mesh.centroids
 
     def field_of(self, f, atoms):
         """x ↦ (v(x), div_S v(x)): the attention field of f dA + the atoms, frozen now. Where the
@@ -415,6 +425,7 @@ class LogTails:
             if self.peaks.shape != (atoms.capacity,):
                 raise ValueError(f"tails: {self.peaks.shape} atom peaks for {atoms.capacity} atom slots")
         self._anchor_at(t, f, atoms)
+        self._downstream_from(f, atoms)
 
     def couple(self, t, f, atoms) -> bool:
         """Advance g to t (from the last anchor, along paths through the states of every coupling
@@ -504,6 +515,7 @@ class LogTails:
                      "tail_retraced": self.retraced}  # 0 but with the selective paths
         self.tail = tail
         self._anchor_at(t, f, atoms, near)  # the atoms have not moved: their neighbourhoods stand
+        self._downstream_from(f, atoms, near)
         return changed
 
     def _measure_of(self, t, f, atoms):
@@ -740,6 +752,37 @@ class LogTails:
             low, high = 0.0, top
         self._anchor = (float(t), cells, f[cells].copy(), self.rate[cells], low, high)
 
+    def _downstream_from(self, f, atoms, near=None):
+        """("downstream") Where the flow carries the centroids of the cells below DOWNSTREAM_MARGIN ×
+        the level and away from the atoms (the next couplings' tail cells) until it enters a cell
+        of the rest (f > 0, not below the level), DOWNSTREAM_TIME at most: Heun steps of
+        DOWNSTREAM_STEP in the frozen field of the state (f, atoms) after the coupling
+        (self._previous), so a function of the state, as the followed cells are (_anchor_at). The
+        mass the finite volumes spread into a tail cell belongs to the cluster its flow goes to; the
+        nearest bulk cell of the cell itself may lie across the separatrix (at β = ∞ the invariant
+        plane x₁ = 0 of the paper's matrices; docs/numerics.md)."""
+        if self.mass_correction != "downstream":
+            return
+        near = self._near_atoms(atoms) if near is None else near
+        top = self.level * self._largest(f, atoms)
+        rest = ~((f < top) & ~near) & (f > 0)
+        # and the cells up to DOWNSTREAM_MARGIN above the level, which may enter the tail by the
+        # next coupling (the clusters' peaks, the level's reference, grow as e^{5t} at β = ∞)
+        cells = np.flatnonzero((f < DOWNSTREAM_MARGIN * top) & ~near)
+        ends = self.mesh.centroids.copy()
+        x, going = ends[cells], np.arange(cells.size)
+        h = DOWNSTREAM_STEP
+        for _ in range(int(round(DOWNSTREAM_TIME / h))):
+            if not going.size:
+                break
+            y = x[going]
+            v = self._previous(y, False)[0]
+            ahead = unit_rows(y + h * v)
+            x[going] = y = unit_rows(y + 0.5 * h * (v + self._previous(ahead, False)[0]))
+            going = going[~rest[hp.vec2pix(self.mesh.nside, y[:, 0], y[:, 1], y[:, 2], nest=True)]]
+        ends[cells] = x
+        self._downstream = ends
+
     def forget_anchor(self):
         """Follow nothing until the next coupling: the atoms changed (a new atom's patch decides
         its cells, and the mesh's largest f, which sets the level, dropped with the peak); with
@@ -785,15 +828,15 @@ class LogTails:
         """f[cells] = values (cells: a boolean mask or indices; f in place), the rest of the measure
         (the other cells and the atoms) paying for the mass the cells gained (> 0) or gave (< 0),
         which is returned, so that the total is unchanged: mass_correction "global", all of the rest
-        by one factor, in proportion to its mass; "local", the nearest payers first (_pay_locally),
-        the remainder by that factor. t (a coupling's): a correction that would take half of the
-        rest is refused there, with that time in the message."""
+        by one factor, in proportion to its mass; "local" / "downstream", one payer per cell first
+        (_pay_locally), the remainder by that factor. t (a coupling's): a correction that would take
+        half of the rest is refused there, with that time in the message."""
         area = self.mesh.area
         gained = (values - f[cells]) * area
         moved = float(gained.sum())
         rest = np.ones(f.shape, dtype=bool)
         rest[cells] = False
-        if self.mass_correction == "local":  # the nearest cell or atom pays; what it cannot, all of the rest
+        if self.mass_correction != "global":  # a nearby cell or atom pays; what it cannot, all of the rest
             moved_globally = self._pay_locally(f, np.arange(f.size)[cells], gained, rest, atoms)
         else:
             moved_globally = moved
@@ -809,35 +852,46 @@ class LogTails:
         return moved
 
     def _pay_locally(self, f, changed, gained, rest, atoms):
-        """mass_correction "local": each changed cell's gain (or loss, < 0) is paid by the nearest
-        (on the sphere) cell of the rest with f > 0 or living atom, at most half of its mass (or
-        doubling it); what it cannot pay, by the nearest atom on the same terms; each payer scaled
-        by one factor, in place on f[rest] and the atoms' masses. Returns what is left to the global
-        factor. The finite volumes' error that the tail cells correct was made beside them, so the
-        mass goes back to where it came from, not across the sphere: one factor for all moves mass
-        between clusters that the flow keeps apart (docs/numerics.md)."""
-        area = self.mesh.area
+        """mass_correction "local" / "downstream": each changed cell's gain (or loss, < 0) is paid by
+        one cell of the rest with f > 0 or living atom, at most half of its mass (_charge); what it
+        cannot pay, by the nearest atom on the same terms; each payer scaled by one factor, in place
+        on f[rest] and the atoms' masses. Returns what is left to the global factor. The payer:
+        "local", the nearest to the cell on the sphere; "downstream", the nearest to where the flow
+        carries the cell (_downstream_from). The finite volumes' error that the tail cells correct
+        was made by the flow of their own cluster, so its mass goes back there, not across the
+        sphere: one factor for all moves mass between clusters that the flow keeps apart, and so
+        does the nearest payer of a cell beside a separatrix, which may lie across it
+        (docs/numerics.md)."""
         cells = np.flatnonzero(rest & (f > 0))
         alive = np.flatnonzero(atoms.masses > 0) if atoms is not None else np.zeros(0, dtype=int)
-        targets = self.mesh.centroids[changed]
         owed = np.asarray(gained, dtype=float)
+        # "downstream": the nearest payer to where the flow carries the cell (_downstream_from)
+        targets = self._downstream[changed] if self.mass_correction == "downstream" else self.mesh.centroids[changed]
         for with_cells in (True, False):  # the nearest place, then the nearest atom for what is left
             use = cells if with_cells else cells[:0]
             if use.size + alive.size == 0 or not owed.any():
                 continue
             points = np.concatenate([self.mesh.centroids[use], atoms.positions[alive] if alive.size else
                                      np.zeros((0, 3))])
-            owned = np.concatenate([f[use] * area, atoms.masses[alive] if alive.size else np.zeros(0)])
             _, payer = cKDTree(points).query(targets)
-            due = np.bincount(payer, weights=owed, minlength=owned.size)
-            paid = np.clip(due, -owned, 0.5 * owned)  # a payer keeps at least half, and at most doubles
-            share = np.divide(paid, due, out=np.zeros_like(due), where=due != 0)
-            owed = owed * (1.0 - share[payer])  # each cell's part that its payer could not pay
-            scale = 1.0 - paid / owned
-            f[use] *= scale[:use.size]
-            if alive.size:
-                atoms.masses[alive] *= scale[use.size:]
+            owed = self._charge(f, use, atoms, alive, owed, payer)
         return float(owed.sum())
+
+    def _charge(self, f, cells, atoms, alive, owed, payer):
+        """Each owed amount (one per changed cell) charged to its payer: payer indexes the cells
+        (masses f[cells] · area), then the atoms `alive`; a payer keeps at least half of its mass
+        and at most doubles it ("downstream": no cap on what it receives), by one factor (in place). Returns each changed cell's part unpaid."""
+        owned = np.concatenate([f[cells] * self.mesh.area, atoms.masses[alive] if alive.size else np.zeros(0)])
+        due = np.bincount(payer, weights=owed, minlength=owned.size)
+        # "downstream" takes no cap on what a payer receives: the paths converge on a collapsing
+        # cluster's few peak cells, the mass its finite volumes spread into the tail comes back there
+        paid = np.clip(due, -np.inf if self.mass_correction == "downstream" else -owned, 0.5 * owned)
+        share = np.divide(paid, due, out=np.zeros_like(due), where=due != 0)
+        scale = 1.0 - paid / owned
+        f[cells] *= scale[:cells.size]
+        if alive.size:
+            atoms.masses[alive] *= scale[cells.size:]
+        return owed * (1.0 - share[payer])
 
     def _largest(self, f, atoms):
         """The density the level is relative to (sr⁻¹): the mesh's largest f (reference "mesh"), or

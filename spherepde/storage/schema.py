@@ -157,6 +157,8 @@ DIAGNOSTIC_META = {
     "alignment_E": ("∫|Q_E x|² dρ_t, Q_E orthogonal projector onto E (principal eigenspace of VBᵀ)", "1"),
     "alignment_F": ("∫|Q_F x|² dρ_t, Q_F orthogonal projector onto F (principal eigenspace of V)", "1"),
     "w2_to_projection": ("W₂(ρ_t, Π#ρ₀), chordal metric", "1"),
+    "w2_across_E_perp": ("√(the part of W₂(ρ_t, Π#ρ₀)² paid by the mass that the optimal plan sends across "
+                         "the hyperplane E⊥ (dim E = 1; NaN otherwise)): that mass costs ≥ 2 per unit", "1"),
     "lyapunov": ("V_p(ρ_t) = ∫ (|(I−P_E)x|²/|P_E x|²)^p dρ_t", "1"),
 }
 

@@ -14,6 +14,7 @@ from spherepde.analysis.diagnostics import (
     lyapunov_cell_averages,
     projection_atoms,
     w2_binned,
+    w2_parts_two_atoms,
     w2_to_two_atoms,
 )
 from spherepde.models.attention import AttentionModel
@@ -91,6 +92,22 @@ def test_two_atom_w2_equals_linear_programme(seed):
     cost = ((x[:, None, :] - atoms[None, :, :]) ** 2).sum(-1)
     lp = math.sqrt(ot.emd2(w / w.sum(), np.array([p_plus, 1 - p_plus]), cost))
     assert ours == pytest.approx(lp, rel=1e-10)
+
+
+def test_w2_across_is_the_cost_of_the_mass_that_crossed():
+    """W₂ across: 0.1 of the mass sits at +e where Π#ρ₀ wants it at −e, so it pays |2e|² = 4 each,
+    W₂² = 0.4, all of it across; a measure whose sides hold p± pays nothing across, and its W₂ is
+    that of each side to its own atom (here 0.2 · |x − e|² with x = (0.6, 0.8, 0))."""
+    e = np.array([1.0, 0.0, 0.0])
+    w2, across = w2_parts_two_atoms(np.array([e, -e]), np.array([0.6, 0.4]), e, 0.5)
+    assert w2 == pytest.approx(math.sqrt(0.4), rel=1e-14) and across == pytest.approx(math.sqrt(0.4), rel=1e-14)
+    x = np.array([[0.6, 0.8, 0.0], [1.0, 0.0, 0.0], [-1.0, 0.0, 0.0]])
+    w2, across = w2_parts_two_atoms(x, np.array([0.2, 0.3, 0.5]), e, 0.5)
+    assert across == 0.0 and w2 == pytest.approx(math.sqrt(0.2 * 0.8), rel=1e-14)
+    y, w = random_measure(80, 5)
+    p_plus = float(w[y @ e > 0].sum() / w.sum()) - 0.01  # 1 % of the mass must cross to −e
+    w2, across = w2_parts_two_atoms(y, w, e, p_plus)
+    assert 2 * 0.01 <= across**2 <= 4 * 0.01 + 1e-12 and across < w2
 
 
 def test_binned_w2_close_to_exact_ot():

@@ -1054,3 +1054,28 @@ def test_the_paths_velocity_alone_is_the_fields(beta, nside):
     v_alone, none = field(x, False)
     assert none is None and div is not None
     assert np.abs(v_alone - v).max() <= 1e-13 * np.abs(v).max()
+
+
+def test_a_downstream_mass_correction_keeps_the_side_of_the_invariant_plane():
+    """tail_mass_correction "downstream" at β = ∞: the local field of the paper's matrices keeps the
+    plane x₁ = 0 invariant, so every path stays on its side. The tail band −0.2 < x₁ < 0.6 (f = 1e-4
+    under a bulk of 1) gives 2 % of its mass; the nearest bulk cell of its cells with 0 < x₁ < 0.2
+    lies across the plane (x₁ ≤ −0.2), but the flow carries them into the bulk on their own side,
+    so the mass with x₁ > 0 is kept to round-off, where "local" moves some of it across."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, math.inf)
+    x1 = mesh.centroids[:, 0]
+    band = (x1 > -0.2) & (x1 < 0.6) & (np.abs(x1) > 1e-9)
+    plus = x1 > 0
+    crossed = {}
+    for correction in ("local", "downstream"):
+        tails = LogTails(mesh, model, mass_correction=correction)
+        f = np.where(band, 1e-4, 1.0)
+        tails._previous = tails.field_of(f, None)
+        tails._downstream_from(f, None)
+        before, total = f[plus].sum(), f.sum()
+        tails._substitute(f, band, 0.98 * f[band], None)
+        assert f.sum() == pytest.approx(total, rel=1e-14)
+        crossed[correction] = (f[plus].sum() - before) / (0.02e-4 * band.sum())  # of the mass moved
+    assert abs(crossed["downstream"]) < 1e-9
+    assert abs(crossed["local"]) > 0.05
