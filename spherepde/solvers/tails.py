@@ -116,11 +116,12 @@ TAIL_FOLLOW_BOUNDS = ("none", "neighbours")
 # "heun" (the trapezoidal rule: the field at the ends of the step only, 3 sums)
 TAIL_MASS_CORRECTIONS = ("global", "local", "downstream")  # who pays for the mass the tail cells gain (_substitute)
 # ("downstream") a tail cell's payer is the nearest bulk cell or atom to where the flow carries its
-# centroid: until the path enters a bulk cell, DOWNSTREAM_TIME at most (near the separatrix the
-# paths leave slowly: at β = ∞, x₁ ∝ e^{2t}), in Heun steps of DOWNSTREAM_STEP in the frozen field
-# of the state at the last coupling (_downstream_from)
-DOWNSTREAM_TIME = 4.0
-DOWNSTREAM_STEP = 0.5
+# centroid in DOWNSTREAM_TIME (Heun steps in the frozen field of the state at the last coupling:
+# _downstream_from): near the cluster its flow goes to, whose centre the paths converge on (at β = ∞
+# a path's angle from e₁ falls as e^{-2t} or faster), not on the rim where they enter the bulk,
+# where the payments shift the cluster (by 0.07 rad at β = 1000, nside 32; docs/numerics.md)
+DOWNSTREAM_TIME = 2.0
+DOWNSTREAM_STEPS = 4
 DOWNSTREAM_MARGIN = 100.0
 TAIL_PATH_SCHEMES = PATH_SCHEMES
 # which coupling intervals g's paths cross through the states after every step: "all" (with
@@ -359,8 +360,8 @@ class LogTails:
         # reference "clusters": log of each atom slot's peak density (NaN: none), grown by Liouville
         self.peaks = None
         self._mesh_top = math.nan  # the mesh's largest f at the last coupling
-        # ("downstream") where the flow of the last coupling's state carries each centroid into the
-        # bulk (the centroid itself for the cells away from the tail): _downstream_from
+        # ("downstream") where the flow of the last coupling's state carries each centroid in
+        # DOWNSTREAM_TIME (the centroid itself for the cells away from the tail): _downstream_from
         self._downstream = mesh.centroids
 
     def field_of(self, f, atoms):
@@ -754,32 +755,25 @@ class LogTails:
 
     def _downstream_from(self, f, atoms, near=None):
         """("downstream") Where the flow carries the centroids of the cells below DOWNSTREAM_MARGIN ×
-        the level and away from the atoms (the next couplings' tail cells) until it enters a cell
-        of the rest (f > 0, not below the level), DOWNSTREAM_TIME at most: Heun steps of
-        DOWNSTREAM_STEP in the frozen field of the state (f, atoms) after the coupling
-        (self._previous), so a function of the state, as the followed cells are (_anchor_at). The
-        mass the finite volumes spread into a tail cell belongs to the cluster its flow goes to; the
-        nearest bulk cell of the cell itself may lie across the separatrix (at β = ∞ the invariant
-        plane x₁ = 0 of the paper's matrices; docs/numerics.md)."""
+        the level and away from the atoms (the next couplings' tail cells) in DOWNSTREAM_TIME: Heun
+        steps in the frozen field of the state (f, atoms) after the coupling (self._previous), so
+        a function of the state, as the followed cells are (_anchor_at). The mass the finite
+        volumes spread into a tail cell belongs to the cluster its flow goes to; the nearest bulk
+        cell of the cell itself may lie across the separatrix (at β = ∞ the invariant plane x₁ = 0
+        of the paper's matrices; docs/numerics.md)."""
         if self.mass_correction != "downstream":
             return
         near = self._near_atoms(atoms) if near is None else near
-        top = self.level * self._largest(f, atoms)
-        rest = ~((f < top) & ~near) & (f > 0)
-        # and the cells up to DOWNSTREAM_MARGIN above the level, which may enter the tail by the
+        # the cells up to DOWNSTREAM_MARGIN above the level too, which may enter the tail by the
         # next coupling (the clusters' peaks, the level's reference, grow as e^{5t} at β = ∞)
-        cells = np.flatnonzero((f < DOWNSTREAM_MARGIN * top) & ~near)
+        cells = np.flatnonzero((f < DOWNSTREAM_MARGIN * self.level * self._largest(f, atoms)) & ~near)
         ends = self.mesh.centroids.copy()
-        x, going = ends[cells], np.arange(cells.size)
-        h = DOWNSTREAM_STEP
-        for _ in range(int(round(DOWNSTREAM_TIME / h))):
-            if not going.size:
-                break
-            y = x[going]
-            v = self._previous(y, False)[0]
-            ahead = unit_rows(y + h * v)
-            x[going] = y = unit_rows(y + 0.5 * h * (v + self._previous(ahead, False)[0]))
-            going = going[~rest[hp.vec2pix(self.mesh.nside, y[:, 0], y[:, 1], y[:, 2], nest=True)]]
+        x = ends[cells]
+        h = DOWNSTREAM_TIME / DOWNSTREAM_STEPS
+        for _ in range(DOWNSTREAM_STEPS):
+            v = self._previous(x, False)[0]
+            ahead = unit_rows(x + h * v)
+            x = unit_rows(x + 0.5 * h * (v + self._previous(ahead, False)[0]))
         ends[cells] = x
         self._downstream = ends
 
