@@ -71,7 +71,7 @@ A config has the sections
                    cells gain at a substitution is paid by the bulk and the atoms in proportion to
                    their mass; "local": by the nearest bulk cell or atom, at most half of its
                    mass, the rest globally; "downstream": by the nearest bulk
-                   cell or atom to where the flow carries the cell into the bulk, then as
+                   cell or atom to where the flow carries the cell in 2.0, then as
                    "local"), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes

@@ -847,7 +847,7 @@ class LogTails:
 
     def _pay_locally(self, f, changed, gained, rest, atoms):
         """mass_correction "local" / "downstream": each changed cell's gain (or loss, < 0) is paid by
-        one cell of the rest with f > 0 or living atom, at most half of its mass (_charge); what it
+        one cell of the rest with f > 0 or living atom, at most half of its mass; what it
         cannot pay, by the nearest atom on the same terms; each payer scaled by one factor, in place
         on f[rest] and the atoms' masses. Returns what is left to the global factor. The payer:
         "local", the nearest to the cell on the sphere; "downstream", the nearest to where the flow
@@ -856,6 +856,7 @@ class LogTails:
         sphere: one factor for all moves mass between clusters that the flow keeps apart, and so
         does the nearest payer of a cell beside a separatrix, which may lie across it
         (docs/numerics.md)."""
+        area = self.mesh.area
         cells = np.flatnonzero(rest & (f > 0))
         alive = np.flatnonzero(atoms.masses > 0) if atoms is not None else np.zeros(0, dtype=int)
         owed = np.asarray(gained, dtype=float)
@@ -867,25 +868,20 @@ class LogTails:
                 continue
             points = np.concatenate([self.mesh.centroids[use], atoms.positions[alive] if alive.size else
                                      np.zeros((0, 3))])
+            owned = np.concatenate([f[use] * area, atoms.masses[alive] if alive.size else np.zeros(0)])
             _, payer = cKDTree(points).query(targets)
-            owed = self._charge(f, use, atoms, alive, owed, payer)
+            due = np.bincount(payer, weights=owed, minlength=owned.size)
+            # a payer keeps at least half, and at most doubles; "downstream" has no cap on what a payer
+            # receives: the paths converge on a cluster's centre, where the mass its finite volumes
+            # spread into the tail goes back
+            paid = np.clip(due, -np.inf if self.mass_correction == "downstream" else -owned, 0.5 * owned)
+            share = np.divide(paid, due, out=np.zeros_like(due), where=due != 0)
+            owed = owed * (1.0 - share[payer])  # each cell's part that its payer could not pay
+            scale = 1.0 - paid / owned
+            f[use] *= scale[:use.size]
+            if alive.size:
+                atoms.masses[alive] *= scale[use.size:]
         return float(owed.sum())
-
-    def _charge(self, f, cells, atoms, alive, owed, payer):
-        """Each owed amount (one per changed cell) charged to its payer: payer indexes the cells
-        (masses f[cells] · area), then the atoms `alive`; a payer keeps at least half of its mass
-        and at most doubles it ("downstream": no cap on what it receives), by one factor (in place). Returns each changed cell's part unpaid."""
-        owned = np.concatenate([f[cells] * self.mesh.area, atoms.masses[alive] if alive.size else np.zeros(0)])
-        due = np.bincount(payer, weights=owed, minlength=owned.size)
-        # "downstream" takes no cap on what a payer receives: the paths converge on a collapsing
-        # cluster's few peak cells, the mass its finite volumes spread into the tail comes back there
-        paid = np.clip(due, -np.inf if self.mass_correction == "downstream" else -owned, 0.5 * owned)
-        share = np.divide(paid, due, out=np.zeros_like(due), where=due != 0)
-        scale = 1.0 - paid / owned
-        f[cells] *= scale[:cells.size]
-        if alive.size:
-            atoms.masses[alive] *= scale[cells.size:]
-        return owed * (1.0 - share[payer])
 
     def _largest(self, f, atoms):
         """The density the level is relative to (sr⁻¹): the mesh's largest f (reference "mesh"), or
