@@ -77,8 +77,10 @@ def settings_label(eul):
     if int(eul.get("tail_substeps", 1)) > 1:
         where = "at atom events" if eul.get("tail_step_states", "all") == "atom_events" else "everywhere"
         label += f", paths through every step's state {where} ({int(eul['tail_substeps'])} substeps)"
-    if eul.get("tail_mass_correction", "global") != "global":
-        label += ", the tail cells' mass paid locally"
+    payment = eul.get("tail_mass_correction", "global")
+    if payment != "global":
+        label += {"local": ", the tail cells' mass paid locally",
+                  "downstream": ", the tail cells' mass paid where their flow goes"}[payment]
     field = eul.get("tail_field_between", "linear")
     if field != "linear":
         label += {"measure": ", the field of the measure between couplings",

@@ -106,3 +106,5 @@ def test_settings_label_names_the_halved_steps_and_the_local_payment():
     assert "in RK4 steps of 0.05 halved above 0.03 decades per unit time" in halved
     assert tails_paper.settings_label({**eul, "tail_mass_correction": "local"}).endswith(
         ", the tail cells' mass paid locally")
+    assert tails_paper.settings_label({**eul, "tail_mass_correction": "downstream"}).endswith(
+        ", the tail cells' mass paid where their flow goes")
