@@ -652,7 +652,10 @@ def hybrid_series_of_run(path, partial=False):
                          "x2": float(abs(z[1])) if masses[k, heaviest] > 0 else math.nan,
                          "q": float(z @ B @ z) if masses[k, heaviest] > 0 else math.nan,
                          "min_f": float(ds["min_density"].values[k]), "tail_cells": int(ds["tail_cells"].values[k]),
-                         "w2": float(ds["w2_to_projection"].values[k])})
+                         "w2": float(ds["w2_to_projection"].values[k]),
+                         # its part paid by mass that crossed E⊥ (NaN in files written before it)
+                         "w2_across": float(ds["w2_across_E_perp"].values[k]) if "w2_across_E_perp" in ds
+                         else math.nan})
         return {"rows": rows, "wall": float(ds.attrs.get("wall_seconds", math.nan)), "run_file": Path(path).name,
                 "partial": not complete}
 

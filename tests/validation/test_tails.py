@@ -123,6 +123,7 @@ cov = [[1.0, 0.2, 0.0], [0.2, 0.8, 0.0], [0.0, 0.0, 0.6]]
     for a, b in zip(from_file, direct):
         assert a["min_f"] == pytest.approx(b["min_f"], rel=1e-12) and a["tail_cells"] == b["tail_cells"]
         assert abs(a["E"] - b["E"]) < 1e-2 and abs(a["F"] - b["F"]) < 1e-2
+        assert 0.0 <= a["w2_across"] <= a["w2"]  # a part of W₂², recorded in the file
     assert any(r["tail_cells"] > 0 for r in direct)
     cache = tmp_path / "cache"
     cache.mkdir()
