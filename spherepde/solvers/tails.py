@@ -768,6 +768,9 @@ class LogTails:
         # next coupling (the clusters' peaks, the level's reference, grow as e^{5t} at β = ∞)
         cells = np.flatnonzero((f < DOWNSTREAM_MARGIN * self.level * self._largest(f, atoms)) & ~near)
         ends = self.mesh.centroids.copy()
+        self._downstream = ends
+        if cells.size == 0:  # no tail yet (a smooth start): nothing to carry
+            return
         x = ends[cells]
         h = DOWNSTREAM_TIME / DOWNSTREAM_STEPS
         for _ in range(DOWNSTREAM_STEPS):
@@ -775,7 +778,6 @@ class LogTails:
             ahead = unit_rows(x + h * v)
             x = unit_rows(x + 0.5 * h * (v + self._previous(ahead, False)[0]))
         ends[cells] = x
-        self._downstream = ends
 
     def forget_anchor(self):
         """Follow nothing until the next coupling: the atoms changed (a new atom's patch decides

@@ -5,6 +5,7 @@ of the exact β = ∞ solution where the finite volumes are not."""
 
 import json
 import math
+import warnings
 
 import healpy as hp
 import numpy as np
@@ -1079,3 +1080,18 @@ def test_a_downstream_mass_correction_keeps_the_side_of_the_invariant_plane():
         crossed[correction] = (f[plus].sum() - before) / (0.02e-4 * band.sum())  # of the mass moved
     assert abs(crossed["downstream"]) < 1e-9
     assert abs(crossed["local"]) > 0.05
+
+
+def test_a_downstream_mass_correction_without_a_tail_carries_nothing():
+    """A smooth start has no cell below the level: the downstream ends are the cells' own centroids,
+    and no attention sum is asked for zero targets (that warned "Mean of empty slice" where the
+    sources are enough for the tree, from nside 16)."""
+    mesh = HealpixMesh(16)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    tails = LogTails(mesh, model, mass_correction="downstream")
+    f = np.ones(mesh.npix)
+    tails._previous = tails.field_of(f, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tails._downstream_from(f, None)
+    np.testing.assert_array_equal(tails._downstream, mesh.centroids)
