@@ -860,6 +860,12 @@ class LogTails:
         (docs/numerics.md)."""
         area = self.mesh.area
         cells = np.flatnonzero(rest & (f > 0))
+        if self.mass_correction == "downstream":
+            # the bulk only (f at or above the level): with no cap on receipts, a cell of the rest
+            # far below the level (beside an atom, where the finite volumes are kept) took up to
+            # 1e18× its own mass and raised the mesh's softmax weight at the heaviest atom by 20–50 %
+            # in one coupling (β = 30, nside 16, t ≈ 11; docs/numerics.md)
+            cells = cells[f[cells] >= self.level * self._largest(f, atoms)]
         alive = np.flatnonzero(atoms.masses > 0) if atoms is not None else np.zeros(0, dtype=int)
         owed = np.asarray(gained, dtype=float)
         # "downstream": the nearest payer to where the flow carries the cell (_downstream_from)

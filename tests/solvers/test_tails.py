@@ -1095,3 +1095,26 @@ def test_a_downstream_mass_correction_without_a_tail_carries_nothing():
         warnings.simplefilter("error")
         tails._downstream_from(f, None)
     np.testing.assert_array_equal(tails._downstream, mesh.centroids)
+
+
+def test_a_downstream_payer_is_bulk_not_a_cell_below_the_level():
+    """The downstream payment has no cap on receipts, so its payers are the bulk (f at or above the
+    level) and the atoms: a tail cell's loss goes to the nearest of them to its path's end, never to
+    a nearly empty cell beside it, which would take many times its own mass (at β = 30 such cells
+    beside the atoms raised the mesh's softmax weight at the heaviest atom by 20–50 % per coupling).
+    Here the paths stay put; the cells of the southern cap hold 1e-20 and the ring below the bulk
+    (x₃ > 0.5, f = 1) gives a tenth of its 1e-6: the bulk receives all of it."""
+    mesh = HealpixMesh(8)
+    model = AttentionModel(PAPER_B, PAPER_V, 30.0)
+    x3 = mesh.centroids[:, 2]
+    f = np.where(x3 > 0.5, 1.0, 1e-20)
+    ring = np.flatnonzero((x3 < 0.0) & (x3 > -0.3))
+    f[ring] = 1e-6
+    tails = LogTails(mesh, model, mass_correction="downstream")
+    tails._downstream = mesh.centroids.copy()
+    total, empty = f.sum(), (x3 <= 0.5) & (f == 1e-20)
+    moved = tails._substitute(f, ring, 0.9e-6 * np.ones(ring.size), None)
+    assert moved < 0
+    assert f.sum() == pytest.approx(total, rel=1e-14)
+    np.testing.assert_array_equal(f[empty], 1e-20)
+    assert f[x3 > 0.5].min() >= 1.0
