@@ -123,6 +123,10 @@ TAIL_MASS_CORRECTIONS = ("global", "local", "downstream")  # who pays for the ma
 DOWNSTREAM_TIME = 2.0
 DOWNSTREAM_STEPS = 4
 DOWNSTREAM_MARGIN = 100.0
+# the payer nearest to a path's end shares its due with the payers within this angle of it (rad), in
+# proportion to their mass: a cluster's atoms (β = 1000: three kernel widths) pay together, so that
+# the payment does not move the cluster towards the payer nearest to where the flow goes
+DOWNSTREAM_SPREAD = 0.1
 TAIL_PATH_SCHEMES = PATH_SCHEMES
 # which coupling intervals g's paths cross through the states after every step: "all" (with
 # substeps > 1, in substeps × the RK4 steps), or "atom_events": only those in which an atom was made
@@ -832,7 +836,9 @@ class LogTails:
         moved = float(gained.sum())
         rest = np.ones(f.shape, dtype=bool)
         rest[cells] = False
-        if self.mass_correction != "global":  # a nearby cell or atom pays; what it cannot, all of the rest
+        if self.mass_correction == "downstream":  # the bulk or atoms where the flow goes; what they cannot, all
+            moved_globally = self._pay_downstream(f, np.arange(f.size)[cells], gained, rest, atoms)
+        elif self.mass_correction == "local":  # a nearby cell or atom pays; what it cannot, all of the rest
             moved_globally = self._pay_locally(f, np.arange(f.size)[cells], gained, rest, atoms)
         else:
             moved_globally = moved
@@ -848,28 +854,19 @@ class LogTails:
         return moved
 
     def _pay_locally(self, f, changed, gained, rest, atoms):
-        """mass_correction "local" / "downstream": each changed cell's gain (or loss, < 0) is paid by
-        one cell of the rest with f > 0 or living atom, at most half of its mass; what it
-        cannot pay, by the nearest atom on the same terms; each payer scaled by one factor, in place
-        on f[rest] and the atoms' masses. Returns what is left to the global factor. The payer:
-        "local", the nearest to the cell on the sphere; "downstream", the nearest to where the flow
-        carries the cell (_downstream_from). The finite volumes' error that the tail cells correct
-        was made by the flow of their own cluster, so its mass goes back there, not across the
-        sphere: one factor for all moves mass between clusters that the flow keeps apart, and so
-        does the nearest payer of a cell beside a separatrix, which may lie across it
-        (docs/numerics.md)."""
+        """mass_correction "local": each changed cell's gain (or loss, < 0) is paid by the cell of the
+        rest with f > 0 or living atom nearest to it on the sphere, at most half of its mass and at
+        most doubling it; what it cannot pay, by the nearest atom on the same terms; each payer
+        scaled by one factor, in place on f[rest] and the atoms' masses. Returns what is left to the
+        global factor. The finite volumes' error that the tail cells correct was made by the flow of
+        their own cluster, so its mass goes back there, not across the sphere: one factor for all
+        moves mass between clusters that the flow keeps apart (but the nearest payer of a cell beside
+        a separatrix may lie across it: "downstream"; docs/numerics.md)."""
         area = self.mesh.area
         cells = np.flatnonzero(rest & (f > 0))
-        if self.mass_correction == "downstream":
-            # the bulk only (f at or above the level): with no cap on receipts, a cell of the rest
-            # far below the level (beside an atom, where the finite volumes are kept) took up to
-            # 1e18× its own mass and raised the mesh's softmax weight at the heaviest atom by 20–50 %
-            # in one coupling (β = 30, nside 16, t ≈ 11; docs/numerics.md)
-            cells = cells[f[cells] >= self.level * self._largest(f, atoms)]
         alive = np.flatnonzero(atoms.masses > 0) if atoms is not None else np.zeros(0, dtype=int)
         owed = np.asarray(gained, dtype=float)
-        # "downstream": the nearest payer to where the flow carries the cell (_downstream_from)
-        targets = self._downstream[changed] if self.mass_correction == "downstream" else self.mesh.centroids[changed]
+        targets = self.mesh.centroids[changed]
         for with_cells in (True, False):  # the nearest place, then the nearest atom for what is left
             use = cells if with_cells else cells[:0]
             if use.size + alive.size == 0 or not owed.any():
@@ -879,10 +876,7 @@ class LogTails:
             owned = np.concatenate([f[use] * area, atoms.masses[alive] if alive.size else np.zeros(0)])
             _, payer = cKDTree(points).query(targets)
             due = np.bincount(payer, weights=owed, minlength=owned.size)
-            # a payer keeps at least half, and at most doubles; "downstream" has no cap on what a payer
-            # receives: the paths converge on a cluster's centre, where the mass its finite volumes
-            # spread into the tail goes back
-            paid = np.clip(due, -np.inf if self.mass_correction == "downstream" else -owned, 0.5 * owned)
+            paid = np.clip(due, -owned, 0.5 * owned)  # a payer keeps at least half, and at most doubles
             share = np.divide(paid, due, out=np.zeros_like(due), where=due != 0)
             owed = owed * (1.0 - share[payer])  # each cell's part that its payer could not pay
             scale = 1.0 - paid / owned
@@ -890,6 +884,43 @@ class LogTails:
             if alive.size:
                 atoms.masses[alive] *= scale[use.size:]
         return float(owed.sum())
+
+    def _pay_downstream(self, f, changed, gained, rest, atoms):
+        """mass_correction "downstream": each changed cell's gain (or loss, < 0) is due from the
+        payer (a cell of the rest at or above the level, or a living atom) nearest to where the flow carries the cell
+        (_downstream_from), which shares it with the payers within DOWNSTREAM_SPREAD of itself, in
+        proportion to their mass; a payer pays at most half of its mass, and receives without a
+        cap. In place on f[cells] and the atoms' masses; returns what is left to the global factor.
+        The single nearest payer moved the clusters towards where the flow goes: at β = 1000 (vMF,
+        nside 32) the clusters' rotation in the (x₁, x₃) plane reached −0.089 at t = 4.8 against
+        −0.066 spread and −0.065 to −0.068 with the other payments on nside 32–128 (docs/numerics.md)."""
+        owed = np.asarray(gained, dtype=float)
+        # the bulk only: with no cap on receipts, cells of the rest far below the level (beside an
+        # atom, where the finite volumes are kept) took up to 1e18× their own mass and raised the
+        # mesh's softmax weight at the heaviest atom by 20–54 % per coupling (β = 30, nside 16)
+        cells = np.flatnonzero(rest & (f > 0) & (f >= self.level * self._largest(f, atoms)))
+        alive = np.flatnonzero(atoms.masses > 0) if atoms is not None else np.zeros(0, dtype=int)
+        if cells.size + alive.size == 0:
+            return float(owed.sum())
+        area = self.mesh.area
+        points = np.concatenate([self.mesh.centroids[cells], atoms.positions[alive] if alive.size else np.zeros((0, 3))])
+        owned = np.concatenate([f[cells] * area, atoms.masses[alive] if alive.size else np.zeros(0)])
+        tree = cKDTree(points)
+        _, nearest = tree.query(self._downstream[changed])
+        single = np.bincount(nearest, weights=owed, minlength=owned.size)
+        due = np.zeros_like(owned)
+        payers = np.flatnonzero(single != 0)
+        # chord of the spread angle: the payers within it of each payer that owes
+        chord = 2.0 * math.sin(0.5 * DOWNSTREAM_SPREAD)
+        for payer, group in zip(payers, tree.query_ball_point(points[payers], chord)):
+            group = np.asarray(group, dtype=int)
+            due[group] += single[payer] * owned[group] / owned[group].sum()
+        paid = np.minimum(due, 0.5 * owned)
+        scale = 1.0 - paid / owned
+        f[cells] *= scale[:cells.size]
+        if alive.size:
+            atoms.masses[alive] *= scale[cells.size:]
+        return float(owed.sum() - paid.sum())
 
     def _largest(self, f, atoms):
         """The density the level is relative to (sr⁻¹): the mesh's largest f (reference "mesh"), or

@@ -1118,3 +1118,37 @@ def test_a_downstream_payer_is_bulk_not_a_cell_below_the_level():
     assert f.sum() == pytest.approx(total, rel=1e-14)
     np.testing.assert_array_equal(f[empty], 1e-20)
     assert f[x3 > 0.5].min() >= 1.0
+
+
+@pytest.mark.parametrize("spread", [0.0, None])
+def test_a_downstream_payment_keeps_the_cluster_where_it_is(monkeypatch, spread):
+    """The payer nearest to where the flow goes shares its due with the payers within
+    DOWNSTREAM_SPREAD, in proportion to their mass, so a cluster narrower than that receives its
+    tail's mass without moving: here every path ends at the cluster's rim (x₃ = +0.04 of a cluster
+    0.045 rad wide about e₁), and the cluster's centre of mass stays put to round-off; a single
+    payer (spread 0) moves it towards the rim, as it turned the clusters at β = 1000."""
+    import spherepde.solvers.tails as tails_module
+
+    if spread is not None:
+        monkeypatch.setattr(tails_module, "DOWNSTREAM_SPREAD", spread)
+    mesh = HealpixMesh(64)
+    model = AttentionModel(PAPER_B, PAPER_V, 1000.0)
+    c = mesh.centroids
+    cluster = c[:, 0] > math.cos(0.045)
+    ring = (c[:, 0] > math.cos(0.3)) & ~cluster
+    f = np.where(cluster, 1.0, 1e-12)
+    f[ring] = 1e-4
+    tails = LogTails(mesh, model, mass_correction="downstream")
+    rim = np.array([math.sqrt(1 - 0.04 ** 2), 0.0, 0.04])
+    tails._downstream = np.tile(rim, (mesh.npix, 1))
+    centre_before = (f[cluster, None] * c[cluster]).sum(axis=0) / f[cluster].sum()
+    total = f.sum()
+    tails._substitute(f, ring, 1e-5 * np.ones(ring.sum()), None)  # 0.4 % of the cluster's mass
+    centre_after = (f[cluster, None] * c[cluster]).sum(axis=0) / f[cluster].sum()
+    assert f.sum() == pytest.approx(total, rel=1e-13)
+    assert f[cluster].sum() > cluster.sum()  # the cluster received the ring's mass
+    shift = np.linalg.norm(centre_after - centre_before)
+    if spread is None:
+        assert shift < 1e-12
+    else:
+        assert shift > 5e-5
