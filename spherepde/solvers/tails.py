@@ -887,10 +887,11 @@ class LogTails:
 
     def _pay_downstream(self, f, changed, gained, rest, atoms):
         """mass_correction "downstream": each changed cell's gain (or loss, < 0) is due from the
-        payer (a cell of the rest at or above the level, or a living atom) nearest to where the flow carries the cell
-        (_downstream_from), which shares it with the payers within DOWNSTREAM_SPREAD of itself, in
-        proportion to their mass; a payer pays at most half of its mass, and receives without a
-        cap. In place on f[cells] and the atoms' masses; returns what is left to the global factor.
+        payer (a cell of the rest at or above the level, or a living atom) nearest to where the flow
+        carries the cell (_downstream_from), which shares it with the payers within
+        DOWNSTREAM_SPREAD of itself, in proportion to their mass; a payer pays at most half of its
+        mass, and receives without a cap. In place on f and the atoms' masses; returns what is left
+        to the global factor.
         The single nearest payer moved the clusters towards where the flow goes: at β = 1000 (vMF,
         nside 32) the clusters' rotation in the (x₁, x₃) plane reached −0.089 at t = 4.8 against
         −0.066 spread and −0.065 to −0.068 with the other payments on nside 32–128 (docs/numerics.md)."""
