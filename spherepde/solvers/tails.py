@@ -909,13 +909,14 @@ class LogTails:
         tree = cKDTree(points)
         _, nearest = tree.query(self._downstream[changed])
         single = np.bincount(nearest, weights=owed, minlength=owned.size)
-        due = np.zeros_like(owned)
         payers = np.flatnonzero(single != 0)
-        # chord of the spread angle: the payers within it of each payer that owes
+        # the pairs (payer that owes, payer within the spread angle's chord of it, itself included)
         chord = 2.0 * math.sin(0.5 * DOWNSTREAM_SPREAD)
-        for payer, group in zip(payers, tree.query_ball_point(points[payers], chord)):
-            group = np.asarray(group, dtype=int)
-            due[group] += single[payer] * owned[group] / owned[group].sum()
+        pairs = cKDTree(points[payers]).sparse_distance_matrix(tree, chord, output_type="ndarray")
+        owner, member = pairs["i"], pairs["j"]
+        group_mass = np.bincount(owner, weights=owned[member], minlength=payers.size)
+        due = np.bincount(member, weights=single[payers][owner] * owned[member] / group_mass[owner],
+                          minlength=owned.size)
         paid = np.minimum(due, 0.5 * owned)
         scale = 1.0 - paid / owned
         f[cells] *= scale[:cells.size]
