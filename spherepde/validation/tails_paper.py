@@ -25,6 +25,7 @@ from pathlib import Path
 from ..analysis.metrics import f_phase_onset, max_alignment, u_curve_minimum
 from ..storage.runfile import open_run
 from .common import REPO, beta_text
+from .tails import hybrid_series_of_run, hybrid_summary
 
 __all__ = ["paper_metrics", "settings_label", "collect_runs", "differences", "paper_report"]
 
@@ -106,6 +107,9 @@ def collect_runs(folders, partial=False):
                     continue
                 config = json.loads(ds.attrs["config"])
                 metrics = dict(paper_metrics(ds), path=str(path), partial=not complete)
+            if not math.isfinite(metrics["onset"]):  # why none: how far the heavier atom is from the cone
+                summary = hybrid_summary(hybrid_series_of_run(path, partial=True)["rows"])
+                metrics.update(q_end=summary["q_end"], q_rate=summary["q_rate"])
             eul = config["eulerian"]
             key = (float(config["model"]["beta"]), config["initial"]["kind"], settings_label(eul), int(eul["nside"]))
             if key not in found or metrics["t_end"] > found[key]["t_end"]:
@@ -124,6 +128,26 @@ def differences(values):
 
 def _fmt(x, digits=2):
     return "none" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _why_none(beta, nsides, rows):
+    """The reason a run has no F-onset: ⟨Bz, z⟩ of its heavier atom at the end, which is < 0 while
+    the atom is on E's side of the cone ⟨Bz, z⟩ = 0 where the way to F starts, and its drift over
+    the second half of the run (hybrid_summary), with the time it would reach the cone at that rate
+    where that half starts after t = log β (the clusters formed; earlier it is their transient)."""
+    parts = []
+    for n, r in zip(nsides, rows):
+        q, rate = r.get("q_end", math.nan), r.get("q_rate", math.nan)
+        if math.isfinite(r["onset"]) or not (math.isfinite(q) and math.isfinite(rate)):
+            continue
+        text = f"nside {n}: {q:+.3f} at t = {r['t_end']:g}, {rate:+.4f} per unit time"
+        if q < 0 < rate and r["t_end"] / 2 >= math.log(beta):
+            text += f" (at the cone at t ≈ {r['t_end'] - q / rate:.0f})"
+        parts.append(text)
+    if not parts:
+        return ""
+    return ("⟨Bz, z⟩ of the heavier atom at the end (< 0: on E's side of the cone ⟨Bz, z⟩ = 0, where the way "
+            "to F starts) and its drift over the second half of the run: " + "; ".join(parts) + ".")
 
 
 def paper_report(folders, out=None, partial=False, say=print):
@@ -147,9 +171,10 @@ def paper_report(folders, out=None, partial=False, say=print):
                 lines.append(f"\n{name}: differences {', '.join(_fmt(x, digits) for x in d)}"
                              + (f"; observed orders {', '.join(_fmt(x, 1) for x in p)}" if p else ""))
         if any(math.isnan(r["onset"]) for r in rows):
-            lines.append(f"\nnone: no F-onset by the run's end (t ≤ {t_end:g}).")
+            lines.append(f"\nnone: no F-onset by the run's end (t ≤ {t_end:g}). " + _why_none(beta, nsides, rows))
         lines.append("")
     command = f"python -m spherepde.validation.tails_paper --runs {' '.join(map(str, folders))}"
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "paper.md"
     path.write_text(
         "# The paper's question in the mean field with the tails from log f\n\n"

@@ -108,3 +108,16 @@ def test_settings_label_names_the_halved_steps_and_the_local_payment():
         ", the tail cells' mass paid locally")
     assert tails_paper.settings_label({**eul, "tail_mass_correction": "downstream"}).endswith(
         ", the tail cells' mass paid where their flow goes")
+
+
+def test_a_run_without_an_onset_says_how_far_its_heavier_atom_is_from_the_cone():
+    """'none' comes with ⟨Bz, z⟩ of the heavier atom and its late drift; the time it would reach the
+    cone ⟨Bz, z⟩ = 0 is given only where the drift was measured after t = log β."""
+    long = {"onset": math.nan, "q_end": -0.5, "q_rate": 0.01, "t_end": 30.0}
+    short = dict(long, t_end=5.0)
+    leaving = {"onset": 9.5, "q_end": 0.2, "q_rate": 0.1, "t_end": 30.0}
+    text = tails_paper._why_none(1000.0, [16, 32, 64], [long, short, leaving])
+    assert "nside 16: -0.500 at t = 30, +0.0100 per unit time (at the cone at t ≈ 80)" in text
+    assert "nside 32: -0.500 at t = 5, +0.0100 per unit time;" not in text  # the last part ends the sentence
+    assert text.endswith("nside 32: -0.500 at t = 5, +0.0100 per unit time.") and "nside 64" not in text
+    assert tails_paper._why_none(1000.0, [16], [leaving]) == ""
