@@ -67,12 +67,12 @@ A config has the sections
                    step of those paths, default 0.05, (0, 1]), tail_path_tolerance (default 0: fixed
                    steps; > 0: a step is halved on the paths whose error estimate, Simpson's rule
                    minus the trapezoidal rule on div v, exceeds this many decades of g per unit
-                   time, [0, 1]), tail_mass_correction ("global" (default): the mass the tail
-                   cells gain at a substitution is paid by the bulk and the atoms in proportion to
-                   their mass; "local": by the nearest bulk cell or atom, at most half of its
-                   mass, the rest globally; "downstream": by the nearest bulk
-                   cell or atom to where the flow carries the cell in 2.0, then as
-                   "local"), tail_paths (how a coupling
+                   time, [0, 1]), tail_mass_correction ("downstream" (default since 2026-12-08):
+                   the mass the tail cells gain at a substitution is paid by the bulk cell or atom
+                   nearest to where the flow carries the cell in 2.0, shared with the payers
+                   within 0.1 rad of it in proportion to their mass; "global": by the bulk and
+                   the atoms in proportion to their mass; "local": by the nearest bulk cell or
+                   atom, at most half of its mass, the rest globally), tail_paths (how a coupling
                    between anchors gets its paths: "maps" composes the last coupling's with its
                    own interval's, "retrace" retraces them to the anchor, "selective" composes
                    them and retraces a centroid once its map's error budget, carried along its
@@ -185,7 +185,7 @@ DEFAULTS = {
                  # g within 0.05 decades of its own characteristics at β = 30 and 1000 (docs/numerics.md,
                  # backtracked maps through the steps' states); LogTails' own defaults are older
                  "tail_anchor": 5.0, "tail_path_step": 0.05, "tail_path_tolerance": 0.0,
-                 "tail_mass_correction": "global", "tail_paths": "backtrack", "tail_field_between": "steps",
+                 "tail_mass_correction": "downstream", "tail_paths": "backtrack", "tail_field_between": "steps",
                  "tail_reference": "clusters", "tail_substeps": 1, "tail_step_states": "all",
                  "tail_retrace_tolerance": TAIL_RETRACE_TOLERANCE, "tail_follow_bounds": "neighbours",
                  "tail_path_scheme": "rk4", "near_field_profile": None},

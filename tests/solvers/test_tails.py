@@ -18,7 +18,7 @@ from spherepde.cli import main
 from spherepde.geometry.mesh import HealpixMesh
 from spherepde.models.attention import AttentionModel
 from spherepde.models.initial import ProjectedNormal, Uniform
-from spherepde.runner.config import ConfigError, difference, resolve
+from spherepde.runner.config import ADDED_KEYS, ConfigError, difference, resolve
 from spherepde.solvers.controller import SolverState
 from spherepde.solvers.eulerian import EulerianSolver
 from spherepde.solvers.tails import TAIL_ANCHOR, TAIL_PATH_STEP, LogTails, coupling_schedule, coupling_times
@@ -827,7 +827,8 @@ def test_a_local_mass_correction_keeps_the_far_clusters_mass():
     raw = {"model": {"beta": 30.0, "B": "identity", "V": "identity"}, "time": {"t_end": 1.0, "save_every": 0.5}}
     config = resolve({**raw, "eulerian": {"tails": "log", "tail_mass_correction": "local"}})
     assert LogTails(mesh, model, **_tail_options(config["eulerian"])).mass_correction == "local"
-    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_mass_correction"] == "global"
+    assert resolve({**raw, "eulerian": {"tails": "log"}})["eulerian"]["tail_mass_correction"] == "downstream"
+    assert ADDED_KEYS[("eulerian", "tail_mass_correction")] == "global"  # files written before the key
     with pytest.raises(ConfigError, match="tail_mass_correction"):
         resolve({**raw, "eulerian": {"tails": "log", "tail_mass_correction": "nearest"}})
 

@@ -43,7 +43,8 @@ def test_report_groups_complete_tails_runs_and_keeps_the_longer(tmp_path):
     # the defaults with tails = "log"
     label = ("sigma atoms, tail cut, anchors every 5 with backtracked maps (budget 0.01 decades) in RK4 steps of "
              "0.05, level relative to the clusters' peaks, followed within the neighbours, finite volumes within 1 "
-             "kernel width of the atoms, the steps' states between couplings")
+             "kernel width of the atoms, the tail cells' mass paid where their flow goes, the steps' states between "
+             "couplings")
     assert sorted(runs) == [(30.0, "vmf", label, 4), (30.0, "vmf", label, 8)]
     assert runs[(30.0, "vmf", label, 4)]["t_end"] == 1.5
     with open_run(folder / "a-0001.nc") as ds:
